@@ -1,0 +1,7 @@
+"""``python -m stepscope`` is the ``stepscope`` command."""
+
+import sys
+
+from stepscope.cli import main
+
+sys.exit(main())

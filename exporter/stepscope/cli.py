@@ -1,0 +1,112 @@
+"""The ``stepscope`` command line.
+
+Exit status: 0 on a clean stop, 2 for a usage or configuration problem (bad
+flag, bad config or scenario file, no NVIDIA driver), 1 when serving failed.
+Errors are one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from stepscope import __version__
+from stepscope.config import ConfigError, env_name, load
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stepscope",
+        description="Per-node Prometheus exporter for distributed deep-learning training.",
+    )
+    parser.add_argument("--version", action="version", version=f"stepscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve = sub.add_parser(
+        "serve",
+        help="run the exporter",
+        description="Serve GPU metrics on /metrics. Every flag can also be set in the YAML "
+        "config file or as STEPSCOPE_<NAME> in the environment (flags win).",
+    )
+
+    def opt(name: str, metavar: str, help_: str) -> None:
+        key = name.replace("-", "_")
+        serve.add_argument(
+            f"--{name}", dest=key, metavar=metavar, default=None, help=f"{help_} [${env_name(key)}]"
+        )
+
+    opt("config", "FILE", "YAML config file")
+    opt("listen", "HOST:PORT", "address to serve on (default :9400)")
+    opt("interval", "SECONDS", "sampling interval for activity and clocks (default 1)")
+    opt(
+        "slow-interval",
+        "SECONDS",
+        "sampling interval for costly counters: energy, violation times (default 10)",
+    )
+    opt("simulate", "N", "serve N simulated GPUs instead of real ones (anywhere, no driver)")
+    opt("scenario", "FILE", "YAML scenario scripting the simulated GPUs over time")
+    opt("hostname", "NAME", "Hostname label (default $NODE_NAME, else this host's name)")
+    opt("ingest", "URL", "training ingest socket (default unix:///run/stepscope/ingest.sock)")
+    opt("web-config", "FILE", "TLS / basic auth, Prometheus exporter-toolkit format")
+    opt("log-level", "LEVEL", "debug, info, warning or error (default info)")
+    return parser
+
+
+def _error(message: str) -> None:
+    print(f"stepscope: error: {message}", file=sys.stderr)
+
+
+def serve(flags: dict[str, Any]) -> int:
+    """Run the exporter until SIGTERM; returns the exit status."""
+    from stepscope.gpu.model import NoDriverError
+    from stepscope.gpu.scenario import ScenarioError
+    from stepscope.serve import build_backend, configure_logging, run_server
+
+    try:
+        cfg = load(flags)
+    except ConfigError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    configure_logging(cfg.log_level)
+    try:
+        backend = build_backend(cfg)
+    except NoDriverError as exc:
+        _error(
+            f"no NVIDIA driver/NVML found ({exc}); run with --simulate N to serve N simulated GPUs"
+        )
+        return EXIT_USAGE
+    except ScenarioError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    try:
+        asyncio.run(run_server(cfg, flags, backend))
+    except ConfigError as exc:
+        backend.close()
+        _error(str(exc))
+        return EXIT_USAGE
+    except OSError as exc:
+        backend.close()
+        _error(f"cannot serve on {cfg.listen}: {exc.strerror or exc}")
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_OK
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``stepscope`` command."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    flags = {k: v for k, v in vars(args).items() if k != "command"}
+    if args.command == "serve":
+        return serve(flags)
+    return EXIT_USAGE  # pragma: no cover - argparse rejects unknown commands

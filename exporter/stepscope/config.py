@@ -1,0 +1,225 @@
+"""Configuration: one typed, frozen object, validated once.
+
+Every setting can come from the YAML file (``--config``), from the environment
+(``STEPSCOPE_<NAME>``) or from a flag (``--name``); later sources win:
+defaults < file < environment < flags. A bad value raises :class:`ConfigError`
+naming the key, the value and where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A setting is missing, malformed or out of range; the message names it."""
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where the HTTP server binds. An empty host means all interfaces."""
+
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Config:
+    """The exporter's settings. See docs/configuration in README for each key."""
+
+    listen: Listen = Listen("", 9400)
+    interval: float = 1.0
+    slow_interval: float = 10.0
+    simulate: int | None = None
+    scenario: Path | None = None
+    hostname: str = ""
+    ingest: str = "unix:///run/stepscope/ingest.sock"
+    web_config: Path | None = None
+    log_level: str = "info"
+    config_file: Path | None = None
+
+    @property
+    def simulated(self) -> bool:
+        """Whether simulated GPUs are asked for (``--simulate`` or ``--scenario``)."""
+        return self.simulate is not None or self.scenario is not None
+
+
+def _parse_listen(value: Any) -> Listen:
+    text = str(value).strip()
+    host, sep, port_s = text.rpartition(":")
+    if not sep:
+        raise ValueError("expected HOST:PORT or :PORT")
+    host = host.strip("[]")
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError("the port is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError("the port must be 0-65535")
+    return Listen(host, port)
+
+
+def _seconds(lo: float, hi: float) -> Callable[[Any], float]:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError("expected a number of seconds")
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise ValueError("expected a number of seconds") from None
+        if not lo <= v <= hi:  # also rejects NaN
+            raise ValueError(f"must be between {lo:g} and {hi:g} seconds")
+        return v
+
+    return parse
+
+
+def _parse_simulate(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("expected a number of GPUs")
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise ValueError("expected a number of GPUs") from None
+    if not 1 <= n <= 64:
+        raise ValueError("must be between 1 and 64 GPUs")
+    return n
+
+
+def _parse_path(value: Any) -> Path | None:
+    if value is None or str(value).strip() == "":
+        return None
+    return Path(str(value)).expanduser()
+
+
+def _parse_hostname(value: Any) -> str:
+    text = str(value).strip()
+    if not text or len(text) > 253 or any(c.isspace() or ord(c) < 32 for c in text):
+        raise ValueError("expected a non-empty host name without spaces")
+    return text
+
+
+def _parse_ingest(value: Any) -> str:
+    text = str(value).strip()
+    url = urlsplit(text)
+    if url.scheme == "unix":
+        if not url.path.startswith("/"):
+            raise ValueError("a unix socket URL needs an absolute path: unix:///run/x.sock")
+        return text
+    if url.scheme == "udp":
+        try:
+            port = url.port
+        except ValueError:
+            raise ValueError("the port is not a number") from None
+        if not url.hostname or port is None:
+            raise ValueError("expected udp://HOST:PORT")
+        return text
+    raise ValueError("expected unix:///PATH or udp://HOST:PORT")
+
+
+def _parse_log_level(value: Any) -> str:
+    text = str(value).strip().lower()
+    if text not in ("debug", "info", "warning", "error"):
+        raise ValueError("expected debug, info, warning or error")
+    return text
+
+
+_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "listen": _parse_listen,
+    "interval": _seconds(0.1, 3600),
+    "slow_interval": _seconds(0.1, 86400),
+    "simulate": _parse_simulate,
+    "scenario": _parse_path,
+    "hostname": _parse_hostname,
+    "ingest": _parse_ingest,
+    "web_config": _parse_path,
+    "log_level": _parse_log_level,
+}
+
+SETTINGS: tuple[str, ...] = tuple(_PARSERS)
+
+
+def env_name(key: str) -> str:
+    """The environment variable for a setting: ``STEPSCOPE_SLOW_INTERVAL``."""
+    return "STEPSCOPE_" + key.upper()
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path}: not UTF-8 text") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(f"config file {path}: {problem}{where}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of settings at the top level")
+    unknown = sorted(str(k) for k in data if str(k).replace("-", "_") not in _PARSERS)
+    if unknown:
+        raise ConfigError(
+            f"config file {path}: unknown setting {unknown[0]!r} (known: {', '.join(SETTINGS)})"
+        )
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def default_hostname(env: Mapping[str, str]) -> str:
+    """``$NODE_NAME`` (Kubernetes downward API) if set, else this host's name."""
+    return env.get("NODE_NAME") or socket.gethostname()
+
+
+def load(
+    flags: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the Config from flags (None = not given), the environment and the file."""
+    env = os.environ if env is None else env
+    raw: dict[str, tuple[Any, str]] = {}
+
+    config_file = flags.get("config") or env.get("STEPSCOPE_CONFIG") or None
+    path = Path(config_file).expanduser() if config_file else None
+    if path is not None:
+        for key, value in _read_file(path).items():
+            raw[key] = (value, f"config file {path}")
+    for key in _PARSERS:
+        if env_name(key) in env:
+            raw[key] = (env[env_name(key)], f"${env_name(key)}")
+    for key in _PARSERS:
+        if flags.get(key) is not None:
+            raw[key] = (flags[key], f"--{key.replace('_', '-')}")
+
+    values: dict[str, Any] = {}
+    for key, (value, origin) in raw.items():
+        try:
+            values[key] = _PARSERS[key](value)
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc}, got {value!r} (from {origin})") from None
+    values.setdefault("hostname", default_hostname(env))
+    cfg = Config(config_file=path, **values)
+    if cfg.slow_interval < cfg.interval:
+        raise ConfigError(
+            f"slow_interval: must be at least interval ({cfg.interval:g} s), "
+            f"got {cfg.slow_interval:g}"
+        )
+    return cfg

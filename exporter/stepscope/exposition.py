@@ -1,0 +1,104 @@
+"""Prometheus text exposition (format 0.0.4) for metric families.
+
+Why not ``prometheus_client.generate_latest``: it renames every counter family
+to ``<name>_total`` in its HELP/TYPE lines, while dcgm-exporter serves counters
+such as ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` under their plain names, and
+those names are a contract with existing dashboards. This writer keeps the name
+it is given; prometheus_client still supplies the number formatting and the
+process collector's families (see :func:`from_client_metric`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client.metrics_core import Metric
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def format_value(value: float) -> str:
+    """A sample value as Prometheus reads it: integers without a fraction."""
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def escape_label_value(value: str) -> str:
+    """Escape a label value: backslash, double quote and newline."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def label_string(labels: Iterable[tuple[str, str]]) -> str:
+    """``{a="1",b="2"}`` for the given pairs, ``""`` for none."""
+    inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
+    return f"{{{inner}}}" if inner else ""
+
+
+def join_labels(prefix: str, extra: str) -> str:
+    """Merge two rendered label strings (either may be empty)."""
+    if not prefix:
+        return extra
+    if not extra:
+        return prefix
+    return prefix[:-1] + "," + extra[1:]
+
+
+@dataclass
+class Family:
+    """A metric family ready to write: each sample is (name suffix, labels, value).
+
+    ``labels`` is an already rendered label string (see :func:`label_string`), so
+    a label set that repeats across families (a GPU's) is escaped once.
+    """
+
+    name: str
+    type: str
+    help: str
+    samples: list[tuple[str, str, float]] = field(default_factory=list)
+
+    def add(self, labels: str, value: float, suffix: str = "") -> None:
+        self.samples.append((suffix, labels, value))
+
+
+def render(families: Iterable[Family]) -> bytes:
+    """Write families in the text format; families without samples are skipped."""
+    out: list[str] = []
+    append = out.append
+    for fam in families:
+        if not fam.samples:
+            continue
+        append(f"# HELP {fam.name} {_escape_help(fam.help)}\n# TYPE {fam.name} {fam.type}\n")
+        name = fam.name
+        for suffix, labels, value in fam.samples:
+            append(f"{name}{suffix}{labels} {format_value(value)}\n")
+    return "".join(out).encode("utf-8")
+
+
+def from_client_metric(metric: Metric) -> Family:
+    """Convert a prometheus_client family (e.g. from ProcessCollector) to ours."""
+    name = metric.name
+    typ = metric.type
+    if typ == "counter":
+        # prometheus_client strips _total from counter family names; the text
+        # format wants the TYPE line to carry the sample name.
+        name = f"{metric.name}_total"
+    elif typ in ("unknown", "info", "stateset"):
+        typ = "gauge" if typ != "unknown" else "untyped"
+    fam = Family(name, typ, metric.documentation)
+    for s in metric.samples:
+        if s.name.endswith("_created"):
+            continue
+        suffix = s.name[len(name) :] if s.name.startswith(name) else ""
+        fam.add(label_string(sorted(s.labels.items())), s.value, suffix)
+    return fam

@@ -1,0 +1,1 @@
+"""GPU sources: the NVML backend (real GPUs) and its simulated twin."""

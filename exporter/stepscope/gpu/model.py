@@ -1,0 +1,102 @@
+"""Plain data shared by every GPU backend, the sampler and the metric mapping.
+
+A backend turns a device into :class:`GpuInfo` (static facts, read once) and
+:class:`GpuReading` (what one sampling pass read). Values are keyed by the
+``key`` of a :class:`stepscope.gpu.fields.FieldSpec`; a key that is absent means
+"not supported on this GPU" or "not read this pass", never zero.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class Tier(enum.Enum):
+    """How often a field is read. FAST every interval; SLOW on the slower cadence."""
+
+    FAST = "fast"
+    SLOW = "slow"
+
+
+class NoDriverError(RuntimeError):
+    """NVML could not be loaded or initialised: there is no usable NVIDIA driver."""
+
+
+class GpuUnavailable(RuntimeError):
+    """The device stopped answering (fell off the bus, lost, reset): mark it down."""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """Static facts about one GPU, read once at start."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    driver_version: str = ""
+    serial: str = ""
+    vbios_version: str = ""
+    memory_total_mib: float | None = None
+    profiling_supported: bool = False
+    mig_mode: str = "unsupported"  # "enabled" | "disabled" | "unsupported"
+
+    @property
+    def device(self) -> str:
+        """The ``device`` label dcgm-exporter uses: ``nvidia<index>``."""
+        return f"nvidia{self.index}"
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One XID reported by the driver for GPU ``index``."""
+
+    index: int
+    xid: int
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """What one pass read from one GPU.
+
+    ``values`` holds FieldSpec keys for the tiers that were asked for; absent keys
+    are unsupported or failed. ``errors`` counts getters that failed for a reason
+    other than "not supported" (those are reported as collect errors).
+    """
+
+    values: Mapping[str, float]
+    errors: int = 0
+
+
+class GpuBackend(Protocol):
+    """A source of GPU facts, readings and XID events.
+
+    ``read`` raises :class:`GpuUnavailable` when the device is gone; it must never
+    raise for a single unsupported field. ``events`` never blocks.
+    """
+
+    name: str
+
+    def devices(self) -> Sequence[GpuInfo]: ...
+
+    def read(self, index: int, tiers: frozenset[Tier]) -> GpuReading: ...
+
+    def events(self) -> Sequence[XidEvent]: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU as the latest Snapshot saw it."""
+
+    info: GpuInfo
+    up: bool
+    values: Mapping[str, float] = field(default_factory=dict)
+    xid_counts: Mapping[int, int] = field(default_factory=dict)
+    last_xid: int = 0
+    sample_cpu_seconds: float = 0.0

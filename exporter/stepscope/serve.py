@@ -1,0 +1,131 @@
+"""``stepscope serve``: wire the backend, the sampler and the web server together.
+
+Lifecycle: build the backend (NVML, or simulated when asked), take the first
+snapshot before listening so the first scrape is never empty, serve until
+SIGTERM/SIGINT, reload the config file on SIGHUP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from stepscope.config import Config, ConfigError, load
+from stepscope.gpu.model import GpuBackend
+from stepscope.sampler import Sampler, SamplerSettings
+from stepscope.web import make_app
+from stepscope.webconfig import load_web_config
+
+log = logging.getLogger("stepscope")
+
+
+def build_backend(cfg: Config) -> GpuBackend:
+    """The GPU backend the config asks for.
+
+    Raises NoDriverError (no NVML) or ScenarioError (bad scenario file); never
+    falls back to simulated GPUs on its own.
+    """
+    if cfg.simulated:
+        from stepscope.gpu.simulated import SimulatedBackend, default_scenario, load_scenario
+
+        if cfg.scenario is not None:
+            scenario = load_scenario(cfg.scenario, n_gpus=cfg.simulate)
+        else:
+            scenario = default_scenario(cfg.simulate or 1)
+        return SimulatedBackend(scenario, hostname=cfg.hostname)
+    from stepscope.gpu.nvml import NvmlBackend
+
+    return NvmlBackend()
+
+
+def settings_of(cfg: Config) -> SamplerSettings:
+    return SamplerSettings(cfg.hostname, cfg.interval, cfg.slow_interval)
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("stepscope").setLevel(level.upper())
+
+
+def reload_config(current: Config, flags: dict[str, Any], sampler: Sampler) -> Config:
+    """Re-read file and environment; apply what can change live, keep the rest.
+
+    A bad file on reload is logged and ignored: the running exporter keeps its
+    last good configuration rather than dying.
+    """
+    try:
+        new = load(flags)
+    except ConfigError as exc:
+        log.error("reload failed, keeping the running configuration: %s", exc)
+        return current
+    for key in ("listen", "simulate", "scenario", "web_config", "ingest"):
+        if getattr(new, key) != getattr(current, key):
+            log.warning("reload: %s changed; it takes effect on restart", key)
+    sampler.update(settings_of(new))
+    logging.getLogger("stepscope").setLevel(new.log_level.upper())
+    log.info(
+        "configuration reloaded (interval %g s, slow interval %g s, hostname %s)",
+        new.interval,
+        new.slow_interval,
+        new.hostname,
+    )
+    return new
+
+
+async def run_server(
+    cfg: Config,
+    flags: dict[str, Any],
+    backend: GpuBackend,
+    ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT. ``ready`` gets the bound address (tests, logs)."""
+    web_cfg = load_web_config(cfg.web_config) if cfg.web_config else None
+    sampler = Sampler(backend, settings_of(cfg))
+    await asyncio.to_thread(sampler.sample_once)  # first scrape is never empty
+    sampler.start()
+    app = make_app(sampler, middlewares=web_cfg.middlewares() if web_cfg else ())
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    host = cfg.listen.host or None
+    site = web.TCPSite(
+        runner,
+        host,
+        cfg.listen.port,
+        ssl_context=web_cfg.ssl_context() if web_cfg else None,
+        reuse_address=True,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    current = cfg
+
+    def on_hup() -> None:
+        nonlocal current
+        current = reload_config(current, flags, sampler)
+
+    try:
+        await site.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+        addrs = runner.addresses
+        bound = f"{addrs[0][0]}:{addrs[0][1]}" if addrs else str(cfg.listen)
+        scheme = "https" if web_cfg and web_cfg.tls else "http"
+        log.info(
+            "serving %d GPU(s) (%s backend) on %s://%s/metrics",
+            len(backend.devices()),
+            backend.name,
+            scheme,
+            bound,
+        )
+        if ready is not None:
+            ready(bound)
+        await stop.wait()
+        log.info("stopping")
+    finally:
+        await runner.cleanup()
+        await asyncio.to_thread(sampler.stop)
