@@ -1,0 +1,125 @@
+"""Shared fixtures: a running exporter process and helpers to scrape it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def promtool() -> str:
+    """Path of promtool; skips the test without it unless CI demands it."""
+    path = shutil.which("promtool")
+    if path is None:
+        if os.environ.get("STEPSCOPE_REQUIRE_PROMTOOL"):
+            pytest.fail("promtool is required (STEPSCOPE_REQUIRE_PROMTOOL is set)")
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    return path
+
+
+@dataclass
+class Exporter:
+    """A `stepscope serve` subprocess on a free loopback port."""
+
+    proc: subprocess.Popen[str]
+    address: str
+    stderr_lines: list[str]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        req = urllib.request.Request(self.url + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), err.read()
+
+    def metrics(self) -> str:
+        status, _, body = self.get("/metrics")
+        assert status == 200, body
+        return body.decode()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=15)
+
+
+def start_exporter(args: Sequence[str], env: dict[str, str] | None = None,
+                   timeout: float = 30.0) -> Exporter:
+    """Start the exporter and wait (with a deadline) until it says where it serves."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("STEPSCOPE_CONFIG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepscope", "serve", "--listen", "127.0.0.1:0", *args],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=full_env,
+    )
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stderr is not None
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if " on http" in line and "/metrics" in line:
+            address = line.rsplit("://", 1)[1].split("/metrics")[0]
+            exporter = Exporter(proc, address, lines)
+            _drain(proc, lines)
+            return exporter
+    proc.kill()
+    raise AssertionError("exporter did not start:\n" + "".join(lines))
+
+
+def _drain(proc: subprocess.Popen[str], lines: list[str]) -> None:
+    """Keep reading stderr in the background so the pipe never fills."""
+    import threading
+
+    def run() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+@pytest.fixture
+def exporter_factory() -> Iterator[type[Exporter] | object]:
+    started: list[Exporter] = []
+
+    def factory(args: Sequence[str], env: dict[str, str] | None = None) -> Exporter:
+        exp = start_exporter(args, env)
+        started.append(exp)
+        return exp
+
+    yield factory
+    for exp in started:
+        if exp.proc.poll() is None:
+            exp.proc.kill()
+            exp.proc.wait()
+
+
+def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05):  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s (last: {last!r})")

@@ -1,0 +1,100 @@
+"""Configuration: one typed object from file, environment and flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepscope.config import Config, ConfigError, Listen, load
+
+
+def test_defaults_match_the_documented_contract() -> None:
+    cfg = load({}, env={"NODE_NAME": "ip-10-0-0-1"})
+    assert cfg.listen == Listen("", 9400)
+    assert cfg.interval == 1.0
+    assert cfg.slow_interval == 10.0
+    assert cfg.ingest == "unix:///run/stepscope/ingest.sock"
+    assert cfg.hostname == "ip-10-0-0-1"
+    assert not cfg.simulated
+
+
+def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("interval: 2\nslow_interval: 30\nhostname: from-file\nlisten: ':9500'\n")
+    env = {"STEPSCOPE_INTERVAL": "3", "STEPSCOPE_HOSTNAME": "from-env"}
+    cfg = load({"config": str(f), "interval": "5"}, env=env)
+    assert cfg.interval == 5.0
+    assert cfg.hostname == "from-env"
+    assert cfg.slow_interval == 30.0
+    assert cfg.listen == Listen("", 9500)
+    assert cfg.config_file == f
+
+
+def test_config_file_from_environment(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("simulate: 8\n")
+    cfg = load({}, env={"STEPSCOPE_CONFIG": str(f)})
+    assert cfg.simulate == 8 and cfg.simulated
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        ({"interval": "-1"}, {}, "interval: must be between 0.1 and 3600 seconds, got '-1' "
+                                 "(from --interval)"),
+        ({}, {"STEPSCOPE_INTERVAL": "fast"}, "interval: expected a number of seconds, got "
+                                             "'fast' (from $STEPSCOPE_INTERVAL)"),
+        ({"interval": "nan"}, {}, "interval: must be between"),
+        ({"listen": "9400"}, {}, "listen: expected HOST:PORT or :PORT, got '9400'"),
+        ({"listen": ":99999"}, {}, "listen: the port must be 0-65535"),
+        ({"simulate": "0"}, {}, "simulate: must be between 1 and 64 GPUs, got '0'"),
+        ({"simulate": "eight"}, {}, "simulate: expected a number of GPUs"),
+        ({"ingest": "tcp://x:1"}, {}, "ingest: expected unix:///PATH or udp://HOST:PORT"),
+        ({"ingest": "udp://127.0.0.1"}, {}, "ingest: expected udp://HOST:PORT"),
+        ({"hostname": "a b"}, {}, "hostname: expected a non-empty host name"),
+        ({"log_level": "loud"}, {}, "log_level: expected debug, info, warning or error"),
+        ({"interval": "20"}, {}, "slow_interval: must be at least interval (20 s), got 10"),
+    ],
+)
+def test_bad_values_name_the_key_value_and_origin(
+    flags: dict[str, str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(flags, env=env)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("interval: [1, 2\n", "at line 2"),
+        ("- a\n- b\n", "expected a mapping of settings at the top level"),
+        ("intervall: 2\n", "unknown setting 'intervall'"),
+        ("interval: true\n", "interval: expected a number of seconds, got True (from config file"),
+    ],
+)
+def test_bad_config_files_are_named_precisely(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load({"config": str(f)}, env={})
+    assert message in str(err.value)
+    assert str(f) in str(err.value)
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read it"):
+        load({"config": str(tmp_path / "nope.yaml")}, env={})
+
+
+def test_ipv6_and_explicit_hosts() -> None:
+    assert load({"listen": "[::1]:9400"}, env={}).listen == Listen("::1", 9400)
+    assert str(Listen("::1", 9400)) == "[::1]:9400"
+    assert load({"listen": "127.0.0.1:0"}, env={}).listen == Listen("127.0.0.1", 0)
+
+
+def test_config_is_immutable() -> None:
+    cfg = Config()
+    with pytest.raises(AttributeError):
+        cfg.interval = 2  # type: ignore[misc]

@@ -1,0 +1,174 @@
+"""The sampler: one GPU's failure is that GPU's; tiers; XIDs; rendering."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from stepscope.gpu.model import GpuInfo, GpuReading, GpuUnavailable, Tier, XidEvent
+from stepscope.sampler import Sampler, SamplerSettings
+
+
+class ScriptedBackend:
+    """A backend whose GPUs answer from a script the test controls."""
+
+    name = "scripted"
+
+    def __init__(self, n: int) -> None:
+        self.infos = [GpuInfo(i, f"GPU-{i:04d}", "NVIDIA H200", f"00000000:{i + 16:02x}:00.0",
+                              profiling_supported=True) for i in range(n)]
+        self.lost: set[int] = set()
+        self.pending: list[XidEvent] = []
+        self.reads: list[tuple[int, frozenset[Tier]]] = []
+        self.sm_active = 0.5
+        self.energy = 1000.0
+        self.closed = False
+
+    def devices(self) -> Sequence[GpuInfo]:
+        return self.infos
+
+    def read(self, index: int, tiers: frozenset[Tier]) -> GpuReading:
+        self.reads.append((index, tiers))
+        if index in self.lost:
+            raise GpuUnavailable("GPU is lost")
+        values = {"sm_active": self.sm_active, "gpu_util": 100.0,
+                  "clocks_event_reasons": float(0x20 | 0x04)}
+        if Tier.SLOW in tiers:
+            values["total_energy"] = self.energy
+            values["clock_event_ns.sw_thermal_slowdown"] = 2.5e9
+        return GpuReading(values)
+
+    def events(self) -> Sequence[XidEvent]:
+        out, self.pending = self.pending, []
+        return out
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def make(n: int = 4) -> tuple[ScriptedBackend, Sampler, FakeClock]:
+    backend = ScriptedBackend(n)
+    clock = FakeClock()
+    sampler = Sampler(backend, SamplerSettings("node-a", 1.0, 10.0), clock=clock,
+                      wall_clock=lambda: 1.7e9)
+    return backend, sampler, clock
+
+
+def test_gpu_that_falls_off_the_bus_reads_down_while_others_keep_reporting() -> None:
+    backend, sampler, clock = make(4)
+    sampler.sample_once()
+    backend.lost.add(2)
+    clock.t += 1
+    text = sampler.sample_once().body.decode()
+    fams = families(text)
+    up = {lbl["gpu"]: v for lbl, v in fams["stepscope_gpu_up"]}
+    assert up == {"0": 1.0, "1": 1.0, "2": 0.0, "3": 1.0}
+    sm = {lbl["gpu"] for lbl, _ in fams["DCGM_FI_PROF_SM_ACTIVE"]}
+    assert sm == {"0", "1", "3"}
+    errors = {lbl["source"]: v for lbl, v in fams["stepscope_collect_errors_total"]}
+    assert errors == {"gpu_down": 1.0}
+
+
+def test_down_gpu_is_retried_on_the_slow_cadence_and_comes_back() -> None:
+    backend, sampler, clock = make(2)
+    backend.lost.add(1)
+    sampler.sample_once()
+    backend.reads.clear()
+    for _ in range(5):
+        clock.t += 1
+        sampler.sample_once()
+    assert [i for i, _ in backend.reads].count(1) == 0  # not hammered every pass
+    backend.lost.clear()
+    clock.t += 10
+    snap = sampler.sample_once().snapshot
+    assert snap.gpus[1].up
+    assert snap.gpus[1].values["total_energy"] == 1000.0
+
+
+def test_slow_tier_is_read_on_its_own_cadence_and_kept_between_reads() -> None:
+    backend, sampler, clock = make(1)
+    sampler.sample_once()
+    tiers = [t for _, t in backend.reads]
+    assert tiers == [frozenset({Tier.FAST, Tier.SLOW})]
+    backend.energy = 2000.0
+    for _ in range(9):
+        clock.t += 1
+        snap = sampler.sample_once().snapshot
+        assert snap.gpus[0].values["total_energy"] == 1000.0  # carried from the slow read
+    clock.t += 1
+    snap = sampler.sample_once().snapshot
+    assert snap.gpus[0].values["total_energy"] == 2000.0
+    slow_reads = [t for _, t in backend.reads if Tier.SLOW in t]
+    assert len(slow_reads) == 2
+
+
+def test_each_xid_code_counts_separately_and_last_xid_is_kept() -> None:
+    backend, sampler, clock = make(2)
+    backend.pending = [XidEvent(1, 79, 0.0), XidEvent(1, 48, 0.0), XidEvent(1, 79, 0.0)]
+    fams = families(sampler.sample_once().body.decode())
+    xids = {(lbl["gpu"], lbl["xid"]): v for lbl, v in fams["stepscope_xid_errors_total"]}
+    assert xids == {("1", "79"): 2.0, ("1", "48"): 1.0}
+    last = {lbl["gpu"]: v for lbl, v in fams["DCGM_FI_DEV_XID_ERRORS"]}
+    assert last == {"0": 0.0, "1": 79.0}
+
+
+def test_clock_event_bitmask_is_decoded_one_hot_and_durations_in_seconds() -> None:
+    _, sampler, _ = make(1)
+    fams = families(sampler.sample_once().body.decode())
+    active = {lbl["reason"]: v for lbl, v in fams["stepscope_gpu_clock_event_active"]}
+    assert active["sw_thermal_slowdown"] == 1.0
+    assert active["sw_power_cap"] == 1.0
+    assert active["gpu_idle"] == 0.0
+    assert sum(active.values()) == 2.0
+    secs = {lbl["reason"]: v for lbl, v in fams["stepscope_gpu_clock_event_seconds_total"]}
+    assert secs == {"sw_thermal_slowdown": 2.5}
+
+
+def test_every_gpu_series_carries_the_dcgm_label_set() -> None:
+    _, sampler, _ = make(2)
+    fams = families(sampler.sample_once().body.decode())
+    for labels, _ in fams["DCGM_FI_PROF_SM_ACTIVE"]:
+        assert set(labels) == {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
+        assert labels["Hostname"] == "node-a"
+        assert labels["device"] == f"nvidia{labels['gpu']}"
+    info = fams["stepscope_gpu_info"][0][0]
+    assert info["profiling"] == "supported"
+
+
+def test_a_backend_bug_on_one_gpu_is_counted_not_fatal() -> None:
+    backend, sampler, clock = make(2)
+
+    def broken(index: int, tiers: frozenset[Tier]) -> GpuReading:
+        if index == 0:
+            raise KeyError("bug")
+        return GpuReading({"sm_active": 0.25})
+
+    backend.read = broken  # type: ignore[method-assign]
+    snap = sampler.sample_once().snapshot
+    assert snap.collect_errors == {"gpu": 1}
+    assert snap.gpus[1].values["sm_active"] == 0.25
+
+
+def test_stop_closes_the_backend() -> None:
+    backend, sampler, _ = make(1)
+    sampler.start()
+    sampler.stop()
+    assert backend.closed
+    assert sampler.passes >= 1
