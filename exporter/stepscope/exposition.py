@@ -21,6 +21,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 def format_value(value: float) -> str:
     """A sample value as Prometheus reads it: integers without a fraction."""
+    if isinstance(value, int):
+        return str(value)
     if value.is_integer() and abs(value) < 1e15:
         return str(int(value))
     if math.isnan(value):

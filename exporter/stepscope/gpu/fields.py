@@ -405,3 +405,21 @@ GPM_METRICS: tuple[tuple[int, str, float], ...] = (
     (60, "nvlink_rx_bytes", 1024.0 * 1024.0),  # NVLINK_TOTAL_RX_PER_SEC (MiB/s)
     (61, "nvlink_tx_bytes", 1024.0 * 1024.0),  # NVLINK_TOTAL_TX_PER_SEC (MiB/s)
 )
+
+
+def markdown_table() -> str:
+    """The per-GPU field table as Markdown (docs/metrics.md embeds it; a test checks)."""
+    rows = [
+        "| Metric | Type | Unit | Tier | Source (NVML) |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for f in FIELDS:
+        tier = "slow" if f.tier is Tier.SLOW else "fast"
+        if f.profiling:
+            tier += ", GPM"
+        rows.append(f"| `{f.name}` | {f.type} | {f.unit} | {tier} | {f.source} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

@@ -1,0 +1,30 @@
+"""ruff and mypy are part of the suite: the style guide says both stay clean."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["ruff", "check", "exporter", "tests", "benchmarks"],
+        ["mypy"],
+    ],
+    ids=["ruff", "mypy"],
+)
+def test_clean(cmd: list[str]) -> None:
+    exe = shutil.which(cmd[0]) or shutil.which(cmd[0], path=str(REPO / ".venv" / "bin"))
+    if exe is None:
+        # run as a module from this interpreter (pip installs both with the test extra)
+        full = [sys.executable, "-m", *cmd]
+    else:
+        full = [exe, *cmd[1:]]
+    result = subprocess.run(full, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
