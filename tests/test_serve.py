@@ -1,0 +1,224 @@
+"""The exporter as a user runs it: a real process, real HTTP, promtool on what it serves."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import REPO, promtool, start_exporter, wait_for
+from stepscope.gpu.fields import FIELDS
+
+# What promtool may say about our output: only what dcgm-exporter's names impose.
+ALLOWED_LINT = (
+    re.compile(r'^DCGM_FI_\w+ counter metrics should have "_total" suffix$'),
+    re.compile(r"^\w+ label names should be written in 'snake_case' not 'camelCase'$"),
+)
+
+
+def parse(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None,
+            timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stepscope", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_simulated_node_serves_every_dcgm_family_for_every_gpu() -> None:
+    exp = start_exporter(["--simulate", "8", "--hostname", "node-7"])
+    try:
+        fams = parse(exp.metrics())
+        for spec in FIELDS:
+            gpus = {lbl["gpu"] for lbl, _ in fams.get(spec.name, [])}
+            assert gpus == {str(i) for i in range(8)}, spec.name
+        uuids = {lbl["UUID"] for lbl, _ in fams["stepscope_gpu_up"]}
+        assert len(uuids) == 8
+        assert all(lbl["Hostname"] == "node-7" for lbl, _ in fams["DCGM_FI_DEV_GPU_UTIL"])
+        build = fams["stepscope_build_info"][0][0]
+        assert build["backend"] == "simulated"
+        for _, v in fams["DCGM_FI_PROF_SM_ACTIVE"]:
+            assert 0.0 <= v <= 1.0
+    finally:
+        assert exp.stop() == 0
+
+
+def test_served_text_passes_promtool_except_dcgm_naming() -> None:
+    tool = promtool()
+    exp = start_exporter(["--simulate", "2"])
+    try:
+        text = exp.metrics()
+    finally:
+        exp.stop()
+    result = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True,
+                            text=True, timeout=60)
+    findings = [ln.strip() for ln in (result.stdout + result.stderr).splitlines() if ln.strip()]
+    unexpected = [f for f in findings if not any(p.match(f) for p in ALLOWED_LINT)]
+    assert unexpected == [], unexpected
+    assert not any(f.startswith("stepscope_") and "_total" in f for f in findings)
+
+
+def test_gzip_scrape_and_content_type() -> None:
+    exp = start_exporter(["--simulate", "1"])
+    try:
+        status, headers, body = exp.get("/metrics", {"Accept-Encoding": "gzip"})
+        assert status == 200
+        assert headers["Content-Encoding"] == "gzip"
+        assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        assert b"DCGM_FI_DEV_SM_CLOCK" in gzip.decompress(body)
+        status, headers, body = exp.get("/metrics")
+        assert "Content-Encoding" not in headers and b"DCGM_FI_DEV_SM_CLOCK" in body
+    finally:
+        exp.stop()
+
+
+def test_health_readiness_and_landing_page() -> None:
+    exp = start_exporter(["--simulate", "2"])
+    try:
+        assert exp.get("/healthz")[0] == 200
+        status, _, body = exp.get("/readyz")
+        assert status == 200 and body.startswith(b"ok")
+        status, headers, body = exp.get("/")
+        assert status == 200 and headers["Content-Type"].startswith("text/html")
+        assert b'href="metrics"' in body and b"simulated" in body
+        assert exp.get("/nope")[0] == 404
+    finally:
+        exp.stop()
+
+
+def test_values_advance_between_passes() -> None:
+    exp = start_exporter(["--simulate", "1", "--interval", "0.2"])
+    try:
+        def ts() -> float:
+            return parse(exp.metrics())["stepscope_last_collect_timestamp_seconds"][0][1]
+
+        first = ts()
+        wait_for(lambda: ts() > first)
+    finally:
+        exp.stop()
+
+
+def test_sigterm_stops_cleanly() -> None:
+    exp = start_exporter(["--simulate", "1"])
+    exp.proc.send_signal(signal.SIGTERM)
+    assert exp.proc.wait(timeout=15) == 0
+    assert not any("Traceback" in ln for ln in exp.stderr_lines)
+
+
+def test_sighup_reloads_the_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "stepscope.yaml"
+    cfg.write_text("simulate: 1\ninterval: 1\nslow_interval: 10\n")
+    exp = start_exporter(["--config", str(cfg)])
+    try:
+        def slow_interval() -> float:
+            fams = parse(exp.metrics())["stepscope_sampling_interval_seconds"]
+            return {lbl["tier"]: v for lbl, v in fams}["slow"]
+
+        assert slow_interval() == 10
+        cfg.write_text("simulate: 1\ninterval: 1\nslow_interval: 20\n")
+        exp.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: slow_interval() == 20)
+        # a broken file on reload is reported and the exporter keeps running
+        cfg.write_text("interval: [\n")
+        exp.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: any("reload failed" in ln for ln in exp.stderr_lines))
+        assert slow_interval() == 20
+    finally:
+        assert exp.stop() == 0
+
+
+def test_no_driver_is_one_clear_line_and_status_2() -> None:
+    pytest.importorskip("pynvml")
+    from stepscope.gpu.model import NoDriverError
+    from stepscope.gpu.nvml import NvmlBackend
+
+    try:
+        NvmlBackend().close()
+    except NoDriverError:
+        pass
+    else:
+        pytest.skip("this machine has an NVIDIA driver")
+    result = run_cli("serve", "--listen", "127.0.0.1:0")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "no NVIDIA driver/NVML found" in lines[0]
+    assert "--simulate N" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--interval", "0"], "interval: must be between 0.1 and 3600 seconds, got '0'"),
+        (["--simulate", "-3"], "simulate: must be between 1 and 64 GPUs"),
+        (["--listen", "localhost"], "listen: expected HOST:PORT"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_key(args: list[str], fragment: str) -> None:
+    result = run_cli("serve", *args)
+    assert result.returncode == 2
+    assert fragment in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_malformed_config_file_exits_2_without_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("simulate: 2\nlisten: [oops\n")
+    result = run_cli("serve", "--config", str(bad))
+    assert result.returncode == 2
+    assert str(bad) in result.stderr and "line" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_malformed_scenario_exits_2_naming_what_is_wrong(tmp_path: Path) -> None:
+    bad = tmp_path / "scenario.yaml"
+    bad.write_text("version: 1\ngpus: 2\nnot_a_key: 3\n")
+    result = run_cli("serve", "--scenario", str(bad), "--listen", "127.0.0.1:0")
+    assert result.returncode == 2
+    assert "not_a_key" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_port_in_use_is_a_clear_error() -> None:
+    exp = start_exporter(["--simulate", "1"])
+    try:
+        result = run_cli("serve", "--simulate", "1", "--listen", exp.address)
+        assert result.returncode == 1
+        assert f"cannot serve on {exp.address}" in result.stderr
+        assert "Traceback" not in result.stderr
+    finally:
+        exp.stop()
+
+
+def test_docs_field_table_is_generated_from_the_code() -> None:
+    from stepscope.gpu.fields import markdown_table
+
+    doc = (REPO / "docs" / "metrics.md").read_text()
+    block = doc.split("<!-- BEGIN FIELD TABLE", 1)[1].split("-->", 1)[1]
+    block = block.split("<!-- END FIELD TABLE -->", 1)[0].strip("\n") + "\n"
+    assert block == markdown_table()
+
+
+def test_every_served_family_is_documented() -> None:
+    exp = start_exporter(["--simulate", "1"])
+    try:
+        names = {f.name for f in text_string_to_metric_families(exp.metrics())}
+    finally:
+        exp.stop()
+    doc = (REPO / "docs" / "metrics.md").read_text()
+    missing = [n for n in sorted(names)
+               if f"`{n}`" not in doc and f"`{n}_total`" not in doc
+               and not n.startswith("process_")]
+    assert missing == []
