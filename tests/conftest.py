@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,7 +41,9 @@ class Exporter:
     def url(self) -> str:
         return f"http://{self.address}"
 
-    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    def get(
+        self, path: str, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
         req = urllib.request.Request(self.url + path, headers=headers or {})
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
@@ -59,14 +62,18 @@ class Exporter:
         return self.proc.wait(timeout=15)
 
 
-def start_exporter(args: Sequence[str], env: dict[str, str] | None = None,
-                   timeout: float = 30.0) -> Exporter:
+def start_exporter(
+    args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 30.0
+) -> Exporter:
     """Start the exporter and wait (with a deadline) until it says where it serves."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("STEPSCOPE_CONFIG", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "stepscope", "serve", "--listen", "127.0.0.1:0", *args],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=full_env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=full_env,
     )
     lines: list[str] = []
     deadline = time.monotonic() + timeout
@@ -111,6 +118,27 @@ def exporter_factory() -> Iterator[type[Exporter] | object]:
         if exp.proc.poll() is None:
             exp.proc.kill()
             exp.proc.wait()
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Samples by their exact served name (prometheus_client's parser renames
+    counters to *_total, which would hide dcgm-exporter's counter names)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        assert m, f"unparseable sample line: {line!r}"
+        labels = {
+            k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+            for k, v in _LABEL.findall(m.group(2) or "")
+        }
+        out.setdefault(m.group(1), []).append((labels, float(m.group(3))))
+    return out
 
 
 def wait_for(predicate, timeout: float = 15.0, interval: float = 0.05):  # type: ignore[no-untyped-def]

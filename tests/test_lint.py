@@ -21,10 +21,7 @@ from conftest import REPO
 )
 def test_clean(cmd: list[str]) -> None:
     exe = shutil.which(cmd[0]) or shutil.which(cmd[0], path=str(REPO / ".venv" / "bin"))
-    if exe is None:
-        # run as a module from this interpreter (pip installs both with the test extra)
-        full = [sys.executable, "-m", *cmd]
-    else:
-        full = [exe, *cmd[1:]]
+    # without the executable on PATH, run the module from this interpreter
+    full = [sys.executable, "-m", *cmd] if exe is None else [exe, *cmd[1:]]
     result = subprocess.run(full, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

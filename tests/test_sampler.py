@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from conftest import parse_samples
 from stepscope.gpu.model import GpuInfo, GpuReading, GpuUnavailable, Tier, XidEvent
 from stepscope.sampler import Sampler, SamplerSettings
 
@@ -56,11 +55,7 @@ class FakeClock:
 
 
 def families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
-    return out
+    return parse_samples(text)
 
 
 def make(n: int = 4) -> tuple[ScriptedBackend, Sampler, FakeClock]:
@@ -120,7 +115,7 @@ def test_slow_tier_is_read_on_its_own_cadence_and_kept_between_reads() -> None:
 
 
 def test_each_xid_code_counts_separately_and_last_xid_is_kept() -> None:
-    backend, sampler, clock = make(2)
+    backend, sampler, _clock = make(2)
     backend.pending = [XidEvent(1, 79, 0.0), XidEvent(1, 48, 0.0), XidEvent(1, 79, 0.0)]
     fams = families(sampler.sample_once().body.decode())
     xids = {(lbl["gpu"], lbl["xid"]): v for lbl, v in fams["stepscope_xid_errors_total"]}
@@ -153,7 +148,7 @@ def test_every_gpu_series_carries_the_dcgm_label_set() -> None:
 
 
 def test_a_backend_bug_on_one_gpu_is_counted_not_fatal() -> None:
-    backend, sampler, clock = make(2)
+    backend, sampler, _clock = make(2)
 
     def broken(index: int, tiers: frozenset[Tier]) -> GpuReading:
         if index == 0:

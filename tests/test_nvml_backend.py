@@ -1,0 +1,660 @@
+"""NvmlBackend against a fake NVML: what a user of a real GPU node would notice.
+
+The fake implements exactly the pynvml functions the backend calls and raises
+pynvml's own exception classes, so the error handling under test is the one a
+real driver triggers. Constants and ctypes structs come from the real pynvml.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import inspect
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from stepscope.gpu.fields import CLOCK_EVENT_DURATION_KEYS, PROFILING_KEYS, SLOW_KEYS
+from stepscope.gpu.model import GpuUnavailable, NoDriverError, Tier
+from stepscope.gpu.nvml import NvmlBackend
+
+FAST = frozenset({Tier.FAST})
+BOTH = frozenset({Tier.FAST, Tier.SLOW})
+
+ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+DOUBLE = pynvml.NVML_VALUE_TYPE_DOUBLE
+SINT = pynvml.NVML_VALUE_TYPE_SIGNED_INT
+
+SW_THERM = pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN
+HW_THERM = pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN
+SW_POWER = pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP
+SYNC_BOOST = pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST
+POWER_BRAKE = pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
+BOARD_LIMIT = pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT
+
+
+def nvml_error(code: int) -> pynvml.NVMLError:
+    """The exception pynvml raises for ``code`` (NVMLError.__new__ picks the subclass)."""
+    return pynvml.NVMLError(code)
+
+
+def default_fields() -> dict[int, tuple[int, Any]]:
+    """What an H200 answers to the field ids the backend asks for: id -> (type, value)."""
+    return {
+        pynvml.NVML_FI_DEV_MEMORY_TEMP: (UINT, 41),
+        pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: (ULL, 3),
+        pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: (ULL, 0),
+        pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: (ULL, 2**40 + 7),  # wrong union member = garbage
+        pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: (ULL, 1),
+        pynvml.NVML_FI_DEV_REMAPPED_COR: (UINT, 2),
+        pynvml.NVML_FI_DEV_REMAPPED_UNC: (UINT, 0),
+        pynvml.NVML_FI_DEV_REMAPPED_PENDING: (UINT, 0),
+        pynvml.NVML_FI_DEV_REMAPPED_FAILURE: (SINT, 0),
+        SW_POWER: (ULL, 5_000_000_000),
+        SYNC_BOOST: (ULL, 0),
+        SW_THERM: (ULL, 1_000),
+        HW_THERM: (ULL, 250),
+        POWER_BRAKE: (ULL, 0),
+        BOARD_LIMIT: (ULL, 77),
+        pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (DOUBLE, 12.0),
+    }
+
+
+@dataclass
+class FakeGpu:
+    """One fake device: what it answers and which calls fail with which NVML code."""
+
+    uuid: str = "GPU-00000000-0000-0000-0000-000000000000"
+    name: str = "NVIDIA H200"
+    bus_id: str = "00000000:18:00.0"
+    fail: dict[str, int] = field(default_factory=dict)  # function name -> error code
+    fields: dict[int, tuple[int, Any]] = field(default_factory=default_fields)
+    field_errors: dict[int, int] = field(default_factory=dict)  # field id -> nvmlReturn
+    violations: dict[int, int] = field(default_factory=dict)  # NVML_PERF_POLICY_* -> ns
+    mig: int | None = None  # None: MIG not supported
+    gpm: bool = True
+    gpm_values: dict[int, float] = field(default_factory=dict)
+    gpm_errors: dict[int, int] = field(default_factory=dict)
+
+
+class FakeNvml:
+    """Implements the pynvml functions NvmlBackend calls; constants come from pynvml."""
+
+    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.calls: Counter[str] = Counter()
+        self.handles = [
+            ctypes.cast(ctypes.c_void_p(0x1000 + 0x100 * i), pynvml.c_nvmlDevice_t)
+            for i in range(len(gpus))
+        ]
+        self.pending_events: deque[tuple[int, int]] = deque()  # (gpu index, xid)
+        self.wait_timeouts: list[int] = []
+        self.registered: list[int] = []
+        self.field_requests: list[list[int]] = []
+        self.samples_taken: dict[int, int] = {}  # sample address -> sequence number
+        self.samples_live: set[int] = set()
+        self.metric_pairs: list[tuple[int, int]] = []
+        self._next_sample = 0x9000
+        self._sequence = 0
+
+    def __getattr__(self, name: str) -> Any:
+        # Constants, structs and exception classes come from the real module; a pynvml
+        # function the fake does not implement fails loudly.
+        value = getattr(pynvml, name)
+        if inspect.isfunction(value):
+            raise AttributeError(f"FakeNvml does not implement {name}")
+        return value
+
+    # -- helpers
+    def _gpu(self, handle: Any, call: str) -> FakeGpu:
+        self.calls[call] += 1
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+        index = (address - 0x1000) // 0x100
+        gpu = self.gpus[index]
+        if call in gpu.fail:
+            raise nvml_error(gpu.fail[call])
+        return gpu
+
+    # -- library
+    def nvmlInit(self) -> None:
+        self.calls["nvmlInit"] += 1
+        if self.init_error is not None:
+            raise nvml_error(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        self.calls["nvmlShutdown"] += 1
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        return "570.86.15"
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> Any:
+        if "nvmlDeviceGetHandleByIndex" in self.gpus[index].fail:
+            raise nvml_error(self.gpus[index].fail["nvmlDeviceGetHandleByIndex"])
+        return self.handles[index]
+
+    # -- static facts
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        return self._gpu(handle, "nvmlDeviceGetUUID").uuid
+
+    def nvmlDeviceGetName(self, handle: Any) -> str:
+        return self._gpu(handle, "nvmlDeviceGetName").name
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any:
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = self._gpu(handle, "nvmlDeviceGetPciInfo").bus_id.encode()
+        return info
+
+    def nvmlDeviceGetSerial(self, handle: Any) -> bytes:
+        self._gpu(handle, "nvmlDeviceGetSerial")
+        return b"1654923012345"  # older pynvml returned bytes
+
+    def nvmlDeviceGetVbiosVersion(self, handle: Any) -> str:
+        self._gpu(handle, "nvmlDeviceGetVbiosVersion")
+        return "96.00.99.00.01"
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
+        self._gpu(handle, "nvmlDeviceGetMemoryInfo")
+        mem = pynvml.c_nvmlMemory_t()
+        mem.total, mem.used, mem.free = 143771 * 2**20, 1024 * 2**20, 142747 * 2**20
+        return mem
+
+    def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
+        gpu = self._gpu(handle, "nvmlDeviceGetMigMode")
+        if gpu.mig is None:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [gpu.mig, gpu.mig]
+
+    # -- FAST getters
+    def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
+        self._gpu(handle, "nvmlDeviceGetUtilizationRates")
+        util = pynvml.c_nvmlUtilization_t()
+        util.gpu, util.memory = 97, 35
+        return util
+
+    def nvmlDeviceGetClockInfo(self, handle: Any, kind: int) -> int:
+        self._gpu(handle, "nvmlDeviceGetClockInfo")
+        return {pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 3201}[kind]
+
+    def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
+        self._gpu(handle, "nvmlDeviceGetTemperature")
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return 52
+
+    def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
+        self._gpu(handle, "nvmlDeviceGetPowerUsage")
+        return 612_345  # mW
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
+        self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons")
+        return pynvml.nvmlClocksEventReasonSwPowerCap
+
+    # -- SLOW getters
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
+        self._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption")
+        return 123_456_789
+
+    def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any:
+        gpu = self._gpu(handle, "nvmlDeviceGetViolationStatus")
+        self.calls[f"nvmlDeviceGetViolationStatus:{policy}"] += 1
+        if policy not in gpu.violations:
+            raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        status = pynvml.c_nvmlViolationTime_t()
+        status.referenceTime, status.violationTime = 1, gpu.violations[policy]
+        return status
+
+    # -- nvmlDeviceGetFieldValues, called through its C function pointer
+    def _nvmlGetFunctionPointer(self, name: str) -> Any:
+        assert name == "nvmlDeviceGetFieldValues", name
+        return self._field_values
+
+    def _field_values(self, handle: Any, count: ctypes.c_int32, values: Any) -> int:
+        try:
+            gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
+        except pynvml.NVMLError as exc:
+            return exc.value
+        self.field_requests.append([values[i].fieldId for i in range(count.value)])
+        for i in range(count.value):
+            entry = values[i]
+            if entry.fieldId in gpu.field_errors:
+                entry.nvmlReturn = gpu.field_errors[entry.fieldId]
+            elif entry.fieldId in gpu.fields:
+                kind, value = gpu.fields[entry.fieldId]
+                entry.nvmlReturn = pynvml.NVML_SUCCESS
+                entry.valueType = kind
+                member = {ULL: "ullVal", UINT: "uiVal", DOUBLE: "dVal", SINT: "siVal"}[kind]
+                setattr(entry.value, member, value)
+            else:
+                entry.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+        return pynvml.NVML_SUCCESS
+
+    # -- GPM
+    def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any:
+        gpu = self._gpu(handle, "nvmlGpmQueryDeviceSupport")
+        return SimpleNamespace(version=1, isSupportedDevice=int(gpu.gpm))
+
+    def nvmlGpmSampleAlloc(self) -> Any:
+        self.calls["nvmlGpmSampleAlloc"] += 1
+        self._next_sample += 0x10
+        self.samples_live.add(self._next_sample)
+        return ctypes.cast(ctypes.c_void_p(self._next_sample), pynvml.c_nvmlGpmSample_t)
+
+    def nvmlGpmSampleFree(self, sample: Any) -> None:
+        self.calls["nvmlGpmSampleFree"] += 1
+        self.samples_live.remove(ctypes.cast(sample, ctypes.c_void_p).value)
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
+        self._gpu(handle, "nvmlGpmSampleGet")
+        self._sequence += 1
+        self.samples_taken[ctypes.cast(sample, ctypes.c_void_p).value] = self._sequence
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        self.calls["nvmlGpmMetricsGet"] += 1
+        assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION
+        first = self.samples_taken[ctypes.cast(request.sample1, ctypes.c_void_p).value]
+        second = self.samples_taken[ctypes.cast(request.sample2, ctypes.c_void_p).value]
+        self.metric_pairs.append((first, second))
+        gpu = self.gpus[0]
+        for i in range(request.numMetrics):
+            metric = request.metrics[i]
+            if metric.metricId in gpu.gpm_errors:
+                metric.nvmlReturn = gpu.gpm_errors[metric.metricId]
+            else:
+                metric.nvmlReturn = pynvml.NVML_SUCCESS
+                metric.value = gpu.gpm_values.get(metric.metricId, 0.0)
+        return request
+
+    # -- XID events
+    def nvmlEventSetCreate(self) -> Any:
+        self.calls["nvmlEventSetCreate"] += 1
+        return ctypes.cast(ctypes.c_void_p(0x7000), pynvml.c_nvmlEventSet_t)
+
+    def nvmlDeviceRegisterEvents(self, handle: Any, types: int, event_set: Any) -> None:
+        self._gpu(handle, "nvmlDeviceRegisterEvents")
+        assert types == pynvml.nvmlEventTypeXidCriticalError
+        self.registered.append(self.handles.index(handle))
+
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
+        self.wait_timeouts.append(timeout_ms)
+        if not self.pending_events:
+            raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
+        index, xid = self.pending_events.popleft()
+        data = pynvml.c_nvmlEventData_t()
+        data.device = self.handles[index]
+        data.eventType = pynvml.nvmlEventTypeXidCriticalError
+        data.eventData = xid
+        return data
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        self.calls["nvmlEventSetFree"] += 1
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand (GPM needs samples >= 0.1 s apart)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def backend_for(*gpus: FakeGpu, clock: FakeClock | None = None) -> tuple[NvmlBackend, FakeNvml]:
+    fake = FakeNvml(list(gpus))
+    return NvmlBackend(fake, clock=clock or FakeClock()), fake  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- no driver
+
+
+@pytest.mark.parametrize(
+    ("code", "cause"),
+    [
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, r"libnvidia-ml\.so\.1 not found"),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "driver is not loaded"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "no permission"),
+    ],
+)
+def test_no_driver_raises_no_driver_error_naming_the_cause(code: int, cause: str) -> None:
+    fake = FakeNvml([FakeGpu()], init_error=code)
+    with pytest.raises(NoDriverError, match=cause) as info:
+        NvmlBackend(fake)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+
+
+def test_real_pynvml_without_a_driver_raises_no_driver_error() -> None:
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has an NVIDIA driver")
+    with pytest.raises(NoDriverError, match=r"libnvidia-ml\.so\.1 not found"):
+        NvmlBackend()
+
+
+def test_pynvml_not_installed_raises_no_driver_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
+    with pytest.raises(NoDriverError, match="nvidia-ml-py"):
+        NvmlBackend()
+
+
+# ---------------------------------------------------------------- devices
+
+
+def test_devices_report_static_facts_in_dcgm_form() -> None:
+    backend, _ = backend_for(FakeGpu(), FakeGpu(uuid="GPU-1", bus_id="00000000:2A:00.0", mig=0))
+    gpu0, gpu1 = backend.devices()
+    assert (gpu0.index, gpu0.uuid, gpu0.name) == (0, FakeGpu().uuid, "NVIDIA H200")
+    assert gpu0.pci_bus_id == "00000000:18:00.0"
+    assert gpu0.driver_version == "570.86.15"
+    assert gpu0.serial == "1654923012345"
+    assert gpu0.vbios_version == "96.00.99.00.01"
+    assert gpu0.memory_total_mib == 143771
+    assert gpu0.profiling_supported is True
+    assert gpu0.mig_mode == "unsupported"
+    assert gpu0.device == "nvidia0"
+    assert (gpu1.index, gpu1.uuid, gpu1.pci_bus_id, gpu1.mig_mode) == (
+        1, "GPU-1", "00000000:2A:00.0", "disabled")
+
+
+def test_gpu_without_handle_at_start_is_listed_and_reads_down() -> None:
+    broken = FakeGpu(fail={"nvmlDeviceGetHandleByIndex": pynvml.NVML_ERROR_UNKNOWN})
+    backend, _ = backend_for(broken, FakeGpu(uuid="GPU-1"))
+    gpu0, gpu1 = backend.devices()
+    assert (gpu0.index, gpu0.uuid) == (0, "")
+    assert gpu1.uuid == "GPU-1"
+    with pytest.raises(GpuUnavailable):
+        backend.read(0, FAST)
+    assert backend.read(1, FAST).values["gpu_util"] == 97
+
+
+def test_unsupported_static_fact_leaves_the_gpu_up() -> None:
+    backend, _ = backend_for(FakeGpu(fail={"nvmlDeviceGetSerial": pynvml.NVML_ERROR_NOT_SUPPORTED}))
+    (gpu,) = backend.devices()
+    assert gpu.serial == ""
+    assert backend.read(0, FAST).values["gpu_util"] == 97
+
+
+# ---------------------------------------------------------------- reads
+
+
+def test_fast_read_fills_every_fast_key_with_dcgm_units() -> None:
+    backend, _ = backend_for(FakeGpu())
+    reading = backend.read(0, FAST)
+    v = reading.values
+    assert reading.errors == 0
+    assert (v["gpu_util"], v["mem_copy_util"]) == (97, 35)
+    assert (v["sm_clock"], v["mem_clock"], v["gpu_temp"]) == (1980, 3201, 52)
+    assert v["power_usage"] == pytest.approx(612.345)
+    assert (v["fb_used"], v["fb_free"]) == (1024, 142747)
+    assert v["clocks_event_reasons"] == 0x4
+    assert v["memory_temp"] == 41
+    assert v["ecc_sbe_agg_total"] == 2**40 + 7
+    assert (v["ecc_sbe_vol_total"], v["ecc_dbe_vol_total"], v["ecc_dbe_agg_total"]) == (3, 0, 1)
+    assert (v["correctable_remapped_rows"], v["uncorrectable_remapped_rows"]) == (2, 0)
+    assert (v["row_remap_pending"], v["row_remap_failure"]) == (0, 0)
+    assert not SLOW_KEYS & v.keys()
+
+
+def test_slow_keys_only_when_the_slow_tier_is_asked_for() -> None:
+    backend, fake = backend_for(FakeGpu())
+    backend.read(0, FAST)
+    assert fake.calls["nvmlDeviceGetTotalEnergyConsumption"] == 0
+    v = backend.read(0, BOTH).values
+    assert v["total_energy"] == 123_456_789
+    assert v["power_violation"] == 5_000_000_000
+    assert v["thermal_violation"] == 1_250  # sw + hw thermal slowdown
+    assert v["sync_boost_violation"] == 0
+    assert v["board_limit_violation"] == 77
+    assert v["pcie_replay"] == 12
+    assert {k for k, _ in CLOCK_EVENT_DURATION_KEYS} <= v.keys()
+    assert v["clock_event_ns.hw_thermal_slowdown"] == 250
+    assert fake.calls["nvmlDeviceGetViolationStatus"] == 0
+    assert v.keys() >= SLOW_KEYS
+    slow_only = backend.read(0, frozenset({Tier.SLOW})).values
+    assert "gpu_util" not in slow_only and slow_only["total_energy"] == 123_456_789
+
+
+def test_gpu_that_falls_off_the_bus_reads_down_while_the_other_reports() -> None:
+    lost = FakeGpu(fail={"nvmlDeviceGetUtilizationRates": pynvml.NVML_ERROR_GPU_IS_LOST})
+    backend, _ = backend_for(lost, FakeGpu(uuid="GPU-1"))
+    with pytest.raises(GpuUnavailable, match="GPU is lost"):
+        backend.read(0, FAST)
+    reading = backend.read(1, BOTH)
+    assert reading.values["gpu_util"] == 97 and reading.errors == 0
+
+
+@pytest.mark.parametrize("code", [pynvml.NVML_ERROR_GPU_NOT_FOUND, pynvml.NVML_ERROR_UNINITIALIZED])
+def test_gone_device_codes_read_down(code: int) -> None:
+    backend, _ = backend_for(FakeGpu(fail={"nvmlDeviceGetTemperature": code}))
+    with pytest.raises(GpuUnavailable):
+        backend.read(0, FAST)
+
+
+def test_lost_gpu_reported_inside_field_values_reads_down() -> None:
+    gpu = FakeGpu(field_errors={pynvml.NVML_FI_DEV_MEMORY_TEMP: pynvml.NVML_ERROR_GPU_IS_LOST})
+    backend, _ = backend_for(gpu)
+    with pytest.raises(GpuUnavailable):
+        backend.read(0, FAST)
+
+
+def test_unsupported_getter_is_absent_and_not_called_again() -> None:
+    backend, fake = backend_for(FakeGpu(fail={
+        "nvmlDeviceGetPowerUsage": pynvml.NVML_ERROR_NOT_SUPPORTED,
+        "nvmlDeviceGetCurrentClocksEventReasons": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    }))
+    for _ in range(3):
+        reading = backend.read(0, FAST)
+        assert "power_usage" not in reading.values
+        assert "clocks_event_reasons" not in reading.values
+        assert reading.errors == 0
+        assert reading.values["gpu_util"] == 97
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 1
+    assert fake.calls["nvmlDeviceGetCurrentClocksEventReasons"] == 1
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 3
+
+
+def test_other_getter_error_counts_and_is_retried() -> None:
+    timeout = pynvml.NVML_ERROR_TIMEOUT
+    backend, fake = backend_for(FakeGpu(fail={"nvmlDeviceGetTemperature": timeout}))
+    for _ in range(2):
+        reading = backend.read(0, FAST)
+        assert "gpu_temp" not in reading.values
+        assert reading.errors == 1
+    assert fake.calls["nvmlDeviceGetTemperature"] == 2
+
+
+def test_one_unknown_error_is_a_collect_error_but_all_unknown_is_down() -> None:
+    one = FakeGpu(fail={"nvmlDeviceGetClockInfo": pynvml.NVML_ERROR_UNKNOWN})
+    backend, _ = backend_for(one)
+    reading = backend.read(0, FAST)
+    assert reading.errors == 2  # SM and memory clock
+    assert "sm_clock" not in reading.values and reading.values["gpu_util"] == 97
+
+    unknown = pynvml.NVML_ERROR_UNKNOWN
+    every = {name: unknown for name in (
+        "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetClockInfo", "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetPowerUsage", "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetFieldValues",
+        "nvmlGpmSampleGet")}
+    gpu = FakeGpu()
+    backend, _ = backend_for(gpu, clock=(clock := FakeClock()))
+    gpu.fail.update(every)  # after start: the GPU stops answering
+    clock.now += 1
+    with pytest.raises(GpuUnavailable, match="Unknown"):
+        backend.read(0, FAST)
+
+
+def test_unsupported_field_ids_are_dropped_from_the_batch() -> None:
+    fields = default_fields()
+    del fields[pynvml.NVML_FI_DEV_MEMORY_TEMP]
+    gpu = FakeGpu(fields=fields,
+                  field_errors={pynvml.NVML_FI_DEV_REMAPPED_COR: pynvml.NVML_ERROR_NO_DATA})
+    backend, fake = backend_for(gpu)
+    first = backend.read(0, FAST)
+    second = backend.read(0, FAST)
+    assert "memory_temp" not in second.values
+    assert "correctable_remapped_rows" not in second.values
+    assert first.errors == second.errors == 1  # the transient per-field error
+    assert pynvml.NVML_FI_DEV_MEMORY_TEMP in fake.field_requests[0]
+    assert pynvml.NVML_FI_DEV_MEMORY_TEMP not in fake.field_requests[1]
+    assert pynvml.NVML_FI_DEV_REMAPPED_COR in fake.field_requests[1]  # retried
+
+
+def test_violation_counters_fall_back_where_field_ids_are_unsupported() -> None:
+    fields = default_fields()
+    for fid in (SW_THERM, HW_THERM, POWER_BRAKE):  # an older driver: no clock-event fields
+        del fields[fid]
+    gpu = FakeGpu(fields=fields, violations={pynvml.NVML_PERF_POLICY_THERMAL: 9_000})
+    backend, fake = backend_for(gpu)
+    for _ in range(2):
+        v = backend.read(0, BOTH).values
+        assert v["thermal_violation"] == 9_000  # nvmlDeviceGetViolationStatus(THERMAL)
+        assert v["power_violation"] == 5_000_000_000  # still from its field id
+        assert "clock_event_ns.sw_thermal_slowdown" not in v
+        assert v["clock_event_ns.sw_power_cap"] == 5_000_000_000
+    assert fake.calls[f"nvmlDeviceGetViolationStatus:{pynvml.NVML_PERF_POLICY_THERMAL}"] == 2
+    assert fake.calls["nvmlDeviceGetViolationStatus"] == 2  # only the thermal fallback
+    assert SW_THERM not in fake.field_requests[-1]  # not asked again
+
+
+def test_violation_fallback_that_is_unsupported_too_is_not_retried() -> None:
+    backend, fake = backend_for(FakeGpu(fields={}))  # no field id works, no policy either
+    for _ in range(3):
+        reading = backend.read(0, frozenset({Tier.SLOW}))
+        assert reading.errors == 0
+        assert not {"thermal_violation", "power_violation"} & reading.values.keys()
+    assert fake.calls["nvmlDeviceGetViolationStatus"] == 4  # four policies, once each
+
+
+def test_field_values_call_unsupported_falls_back_for_every_violation() -> None:
+    policies = {pynvml.NVML_PERF_POLICY_POWER: 1, pynvml.NVML_PERF_POLICY_THERMAL: 2,
+                pynvml.NVML_PERF_POLICY_SYNC_BOOST: 3, pynvml.NVML_PERF_POLICY_BOARD_LIMIT: 4}
+    gpu = FakeGpu(fail={"nvmlDeviceGetFieldValues": pynvml.NVML_ERROR_NOT_SUPPORTED},
+                  violations=policies)
+    backend, fake = backend_for(gpu)
+    backend.read(0, BOTH)
+    v = backend.read(0, BOTH).values
+    assert (v["power_violation"], v["thermal_violation"]) == (1, 2)
+    assert (v["sync_boost_violation"], v["board_limit_violation"]) == (3, 4)
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 2  # once per batch, then never
+
+
+# ---------------------------------------------------------------- GPM
+
+
+def gpm_gpu(**values: float) -> FakeGpu:
+    return FakeGpu(gpm_values={getattr(pynvml, f"NVML_GPM_METRIC_{k}"): v
+                               for k, v in values.items()})
+
+
+def test_gpm_unsupported_gives_no_profiling_keys() -> None:
+    clock = FakeClock()
+    backend, fake = backend_for(FakeGpu(gpm=False), clock=clock)
+    assert backend.devices()[0].profiling_supported is False
+    for _ in range(3):
+        clock.now += 1
+        assert not PROFILING_KEYS & backend.read(0, FAST).values.keys()
+    assert fake.calls["nvmlGpmSampleGet"] == 0
+
+
+def test_gpm_metrics_are_scaled_to_dcgm_units_and_ratios_clamped() -> None:
+    clock = FakeClock()
+    gpu = gpm_gpu(SM_UTIL=42.0, ANY_TENSOR_UTIL=104.0, HMMA_TENSOR_UTIL=-0.5,
+                  PCIE_TX_PER_SEC=2.0, NVLINK_TOTAL_RX_PER_SEC=1.5)
+    gpu.gpm_errors = {pynvml.NVML_GPM_METRIC_FP16_UTIL: pynvml.NVML_ERROR_NOT_SUPPORTED}
+    backend, fake = backend_for(gpu, clock=clock)
+    clock.now += 1.0
+    v = backend.read(0, FAST).values
+    assert v["sm_active"] == pytest.approx(0.42)
+    assert v["pipe_tensor_active"] == 1.0
+    assert v["pipe_tensor_hmma_active"] == 0.0
+    assert v["pcie_tx_bytes"] == 2 * 2**20
+    assert v["nvlink_rx_bytes"] == 1.5 * 2**20
+    assert "pipe_fp16_active" not in v
+    assert PROFILING_KEYS - {"pipe_fp16_active"} <= v.keys()
+    assert fake.metric_pairs == [(1, 2)]  # sample1 is the older sample
+    clock.now += 1.0
+    backend.read(0, FAST)
+    assert fake.metric_pairs == [(1, 2), (2, 3)]  # buffers swapped: the newest is the base
+
+
+def test_gpm_keeps_previous_values_when_samples_are_too_close() -> None:
+    clock = FakeClock()
+    gpu = gpm_gpu(SM_UTIL=60.0)
+    backend, fake = backend_for(gpu, clock=clock)
+    clock.now += 0.05  # first read right after start: nothing to compute from yet
+    assert "sm_active" not in backend.read(0, FAST).values
+    assert fake.calls["nvmlGpmSampleGet"] == 1  # only the baseline
+    clock.now += 1.0
+    assert backend.read(0, FAST).values["sm_active"] == pytest.approx(0.6)
+    gpu.gpm_values[pynvml.NVML_GPM_METRIC_SM_UTIL] = 10.0
+    clock.now += 0.05
+    assert backend.read(0, FAST).values["sm_active"] == pytest.approx(0.6)
+    assert fake.calls["nvmlGpmSampleGet"] == 2
+    clock.now += 0.2
+    assert backend.read(0, FAST).values["sm_active"] == pytest.approx(0.1)
+
+
+def test_gpm_skipped_on_mig_enabled_gpus() -> None:
+    clock = FakeClock()
+    backend, fake = backend_for(FakeGpu(mig=pynvml.NVML_DEVICE_MIG_ENABLE), clock=clock)
+    gpu = backend.devices()[0]
+    assert (gpu.mig_mode, gpu.profiling_supported) == ("enabled", False)
+    clock.now += 1
+    assert not PROFILING_KEYS & backend.read(0, FAST).values.keys()
+    assert fake.calls["nvmlGpmSampleAlloc"] == 0
+
+
+def test_gpm_not_permitted_at_start_means_no_profiling_and_nothing_leaked() -> None:
+    gpu = FakeGpu(fail={"nvmlGpmSampleGet": pynvml.NVML_ERROR_NO_PERMISSION})
+    backend, fake = backend_for(gpu)
+    assert backend.devices()[0].profiling_supported is False
+    assert fake.samples_live == set()
+    assert backend.read(0, FAST).errors == 0
+
+
+def test_close_frees_gpm_samples_and_event_set_once() -> None:
+    backend, fake = backend_for(FakeGpu(), FakeGpu())
+    assert len(fake.samples_live) == 4
+    backend.close()
+    backend.close()
+    assert fake.samples_live == set()
+    assert fake.calls["nvmlEventSetFree"] == 1
+    assert fake.calls["nvmlShutdown"] == 1
+    assert backend.events() == []
+    with pytest.raises(GpuUnavailable):
+        backend.read(0, FAST)
+
+
+# ---------------------------------------------------------------- XID events
+
+
+def test_xid_drain_returns_every_pending_event_on_the_right_gpu_without_blocking() -> None:
+    backend, fake = backend_for(FakeGpu(), FakeGpu(), FakeGpu())
+    assert fake.registered == [0, 1, 2]
+    fake.pending_events.extend([(2, 79), (0, 13), (2, 48)])
+    before = time.time()
+    events = backend.events()
+    assert [(e.index, e.xid) for e in events] == [(2, 79), (0, 13), (2, 48)]
+    assert all(before <= e.timestamp <= time.time() for e in events)
+    assert backend.events() == []
+    assert set(fake.wait_timeouts) == {0}  # never waits
+
+
+def test_gpu_without_xid_support_is_skipped_and_others_still_report() -> None:
+    no_events = FakeGpu(fail={"nvmlDeviceRegisterEvents": pynvml.NVML_ERROR_NOT_SUPPORTED})
+    backend, fake = backend_for(no_events, FakeGpu())
+    assert fake.registered == [1]
+    fake.pending_events.append((1, 31))
+    assert [(e.index, e.xid) for e in backend.events()] == [(1, 31)]
+    assert backend.read(0, FAST).values["gpu_util"] == 97
