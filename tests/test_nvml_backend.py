@@ -39,6 +39,13 @@ POWER_BRAKE = pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN
 BOARD_LIMIT = pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT
 
 
+def address_of(pointer: Any) -> int:
+    """The address a ctypes pointer (an NVML handle or GPM sample) points at."""
+    address = ctypes.cast(pointer, ctypes.c_void_p).value
+    assert address is not None
+    return address
+
+
 def nvml_error(code: int) -> pynvml.NVMLError:
     """The exception pynvml raises for ``code`` (NVMLError.__new__ picks the subclass)."""
     return pynvml.NVMLError(code)
@@ -101,6 +108,7 @@ class FakeNvml:
         self.samples_taken: dict[int, int] = {}  # sample address -> sequence number
         self.samples_live: set[int] = set()
         self.metric_pairs: list[tuple[int, int]] = []
+        self.metric_requests: list[list[int]] = []
         self._next_sample = 0x9000
         self._sequence = 0
 
@@ -115,7 +123,7 @@ class FakeNvml:
     # -- helpers
     def _gpu(self, handle: Any, call: str) -> FakeGpu:
         self.calls[call] += 1
-        address = ctypes.cast(handle, ctypes.c_void_p).value
+        address = address_of(handle)
         index = (address - 0x1000) // 0x100
         gpu = self.gpus[index]
         if call in gpu.fail:
@@ -196,7 +204,7 @@ class FakeNvml:
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons")
-        return pynvml.nvmlClocksEventReasonSwPowerCap
+        return int(pynvml.nvmlClocksEventReasonSwPowerCap)
 
     # -- SLOW getters
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
@@ -221,7 +229,7 @@ class FakeNvml:
         try:
             gpu = self._gpu(handle, "nvmlDeviceGetFieldValues")
         except pynvml.NVMLError as exc:
-            return exc.value
+            return int(exc.value)
         self.field_requests.append([values[i].fieldId for i in range(count.value)])
         for i in range(count.value):
             entry = values[i]
@@ -235,7 +243,7 @@ class FakeNvml:
                 setattr(entry.value, member, value)
             else:
                 entry.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
-        return pynvml.NVML_SUCCESS
+        return int(pynvml.NVML_SUCCESS)
 
     # -- GPM
     def nvmlGpmQueryDeviceSupport(self, handle: Any) -> Any:
@@ -250,20 +258,22 @@ class FakeNvml:
 
     def nvmlGpmSampleFree(self, sample: Any) -> None:
         self.calls["nvmlGpmSampleFree"] += 1
-        self.samples_live.remove(ctypes.cast(sample, ctypes.c_void_p).value)
+        self.samples_live.remove(address_of(sample))
 
     def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
         self._gpu(handle, "nvmlGpmSampleGet")
         self._sequence += 1
-        self.samples_taken[ctypes.cast(sample, ctypes.c_void_p).value] = self._sequence
+        self.samples_taken[address_of(sample)] = self._sequence
         return sample
 
     def nvmlGpmMetricsGet(self, request: Any) -> Any:
         self.calls["nvmlGpmMetricsGet"] += 1
         assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION
-        first = self.samples_taken[ctypes.cast(request.sample1, ctypes.c_void_p).value]
-        second = self.samples_taken[ctypes.cast(request.sample2, ctypes.c_void_p).value]
+        first = self.samples_taken[address_of(request.sample1)]
+        second = self.samples_taken[address_of(request.sample2)]
         self.metric_pairs.append((first, second))
+        asked = [request.metrics[i].metricId for i in range(request.numMetrics)]
+        self.metric_requests.append(asked)
         gpu = self.gpus[0]
         for i in range(request.numMetrics):
             metric = request.metrics[i]
@@ -603,6 +613,41 @@ def test_gpm_keeps_previous_values_when_samples_are_too_close() -> None:
     assert fake.calls["nvmlGpmSampleGet"] == 2
     clock.now += 0.2
     assert backend.read(0, FAST).values["sm_active"] == pytest.approx(0.1)
+
+
+def test_gpm_metric_on_the_slow_tier_is_computed_only_on_slow_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GRAPHICS_UTIL costs ~1.4 ms CPU per computation on an H200: if the field table
+    # puts gr_engine_active on the SLOW tier, the backend must follow it.
+    from stepscope.gpu import nvml as backend_module
+
+    graphics = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+    key, scale, ratio, _ = backend_module._GPM_KEYS[graphics]
+    monkeypatch.setitem(backend_module._GPM_KEYS, graphics, (key, scale, ratio, Tier.SLOW))
+    clock = FakeClock()
+    backend, fake = backend_for(gpm_gpu(GRAPHICS_UTIL=80.0, SM_UTIL=70.0), clock=clock)
+    clock.now += 1
+    fast = backend.read(0, FAST).values
+    assert "gr_engine_active" not in fast and fast["sm_active"] == pytest.approx(0.7)
+    assert graphics not in fake.metric_requests[-1]
+    clock.now += 1
+    both = backend.read(0, BOTH).values
+    assert both["gr_engine_active"] == pytest.approx(0.8)
+    assert both["sm_active"] == pytest.approx(0.7)
+    clock.now += 1
+    slow = backend.read(0, frozenset({Tier.SLOW})).values
+    assert fake.metric_requests[-1] == [graphics]
+    assert slow["gr_engine_active"] == pytest.approx(0.8) and "sm_active" not in slow
+
+
+def test_slow_only_read_takes_no_gpm_sample_when_no_profiling_key_is_slow() -> None:
+    clock = FakeClock()
+    backend, fake = backend_for(gpm_gpu(SM_UTIL=70.0), clock=clock)
+    clock.now += 1
+    values = backend.read(0, frozenset({Tier.SLOW})).values
+    assert not PROFILING_KEYS & values.keys()
+    assert fake.calls["nvmlGpmSampleGet"] == 1  # the baseline only
 
 
 def test_gpm_skipped_on_mig_enabled_gpus() -> None:

@@ -63,6 +63,7 @@ def test_fast_and_slow_tiers_read_their_keys(backend: NvmlBackend) -> None:
         assert not slow.values.keys() & FAST_KEYS
         assert not fast.values.keys() & SLOW_EXPECTED
         assert 0 <= fast.values["gpu_util"] <= 100
+        assert gpu.memory_total_mib is not None
         assert fast.values["fb_used"] + fast.values["fb_free"] <= gpu.memory_total_mib + 1
         assert 0 < fast.values["power_usage"] < 2000  # W, not mW
         assert slow.values["total_energy"] > 0
