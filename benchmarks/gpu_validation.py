@@ -113,7 +113,7 @@ def main() -> int:
 
         if not torch.cuda.is_available():
             raise RuntimeError("CUDA not available")
-    except Exception as exc:  # noqa: BLE001 - report and stop
+    except Exception as exc:
         print(f"gpu_validation: no usable GPU/torch: {exc}", file=sys.stderr)
         return 2
 

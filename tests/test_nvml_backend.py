@@ -429,7 +429,7 @@ def test_slow_keys_only_when_the_slow_tier_is_asked_for() -> None:
     assert {k for k, _ in CLOCK_EVENT_DURATION_KEYS} <= v.keys()
     assert v["clock_event_ns.hw_thermal_slowdown"] == 250
     assert fake.calls["nvmlDeviceGetViolationStatus"] == 0
-    assert v.keys() >= SLOW_KEYS
+    assert v.keys() >= SLOW_KEYS - PROFILING_KEYS  # GPM has no window yet here
     slow_only = backend.read(0, frozenset({Tier.SLOW})).values
     assert "gpu_util" not in slow_only and slow_only["total_energy"] == 123_456_789
 
@@ -591,7 +591,8 @@ def test_gpm_metrics_are_scaled_to_dcgm_units_and_ratios_clamped() -> None:
     assert v["pcie_tx_bytes"] == 2 * 2**20
     assert v["nvlink_rx_bytes"] == 1.5 * 2**20
     assert "pipe_fp16_active" not in v
-    assert PROFILING_KEYS - {"pipe_fp16_active"} <= v.keys()
+    assert PROFILING_KEYS - SLOW_KEYS - {"pipe_fp16_active"} <= v.keys()
+    assert "gr_engine_active" not in v  # costly on real GPUs: slow tier only
     assert fake.metric_pairs == [(1, 2)]  # sample1 is the older sample
     clock.now += 1.0
     backend.read(0, FAST)
@@ -641,13 +642,15 @@ def test_gpm_metric_on_the_slow_tier_is_computed_only_on_slow_reads(
     assert slow["gr_engine_active"] == pytest.approx(0.8) and "sm_active" not in slow
 
 
-def test_slow_only_read_takes_no_gpm_sample_when_no_profiling_key_is_slow() -> None:
+def test_slow_tier_profiling_keys_are_computed_only_on_slow_reads() -> None:
     clock = FakeClock()
-    backend, fake = backend_for(gpm_gpu(SM_UTIL=70.0), clock=clock)
+    backend, _ = backend_for(gpm_gpu(SM_UTIL=70.0), clock=clock)
     clock.now += 1
-    values = backend.read(0, frozenset({Tier.SLOW})).values
-    assert not PROFILING_KEYS & values.keys()
-    assert fake.calls["nvmlGpmSampleGet"] == 1  # the baseline only
+    slow = backend.read(0, frozenset({Tier.SLOW})).values
+    assert PROFILING_KEYS & slow.keys() == PROFILING_KEYS & SLOW_KEYS == {"gr_engine_active"}
+    clock.now += 1
+    fast = backend.read(0, FAST).values
+    assert "gr_engine_active" not in fast and fast["sm_active"] == pytest.approx(0.7)
 
 
 def test_gpm_skipped_on_mig_enabled_gpus() -> None:

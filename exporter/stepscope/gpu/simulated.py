@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from stepscope.gpu.fields import SLOW_KEYS
 from stepscope.gpu.model import GpuInfo, GpuReading, GpuUnavailable, Tier, XidEvent
 from stepscope.gpu.scenario import (
     Activity,
@@ -368,9 +369,9 @@ class _SimGpu:
         j5 = (h >> 50 & 1023) / 511.5 - 1.0
 
         values: dict[str, float]
-        if Tier.FAST not in tiers:
-            values = {}
-        else:
+        if not tiers:
+            return {}
+        else:  # fast keys are computed for either tier; the tier filter is at the end
             a = min(1.0, seg.a * (1.0 + 0.01 * j0))
             active = on_frac * a  # the work itself; pipes and DRAM follow it
             gap = 1.0 - on_frac
@@ -445,6 +446,9 @@ class _SimGpu:
                 "clock_event_ns.hw_thermal_slowdown": float(hw_ns),
                 "clock_event_ns.hw_power_brake_slowdown": 0.0,
             })
+        if len(tiers) == 1:  # fields.py decides each key's tier (gr_engine_active is slow)
+            want_slow = Tier.SLOW in tiers
+            values = {k: v for k, v in values.items() if (k in SLOW_KEYS) == want_slow}
         return values
 
 
