@@ -78,7 +78,8 @@ def serve(flags: dict[str, Any]) -> int:
         backend = build_backend(cfg)
     except NoDriverError as exc:
         _error(
-            f"no NVIDIA driver/NVML found ({exc}); run with --simulate N to serve N simulated GPUs"
+            f"no NVIDIA driver/NVML found: {str(exc).removeprefix('NVML unavailable: ')}. "
+            "Run with --simulate N to serve N simulated GPUs."
         )
         return EXIT_USAGE
     except ScenarioError as exc:
