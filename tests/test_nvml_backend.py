@@ -3,6 +3,14 @@
 The fake implements exactly the pynvml functions the backend calls and raises
 pynvml's own exception classes, so the error handling under test is the one a
 real driver triggers. Constants and ctypes structs come from the real pynvml.
+
+The backend calls the per-read getters and GPM through their C function pointers
+(``_nvmlGetFunctionPointer``), with the nvml.h calling convention: outputs by
+reference, an ``nvmlReturn_t`` back. The fake serves those as Python functions that
+check the output buffer's size as the C ABI needs it, and its pynvml-level wrappers
+are built on them as pynvml's are. Every test runs twice: through the C functions,
+and with only ``nvmlDeviceGetFieldValues`` resolvable, through the wrappers the
+backend falls back to.
 """
 
 from __future__ import annotations
@@ -93,6 +101,8 @@ class FakeGpu:
 class FakeNvml:
     """Implements the pynvml functions NvmlBackend calls; constants come from pynvml."""
 
+    c_functions = True  # False: only nvmlDeviceGetFieldValues resolves to a C function
+
     def __init__(self, gpus: list[FakeGpu], init_error: int | None = None) -> None:
         self.gpus = gpus
         self.init_error = init_error
@@ -170,46 +180,81 @@ class FakeNvml:
         self._gpu(handle, "nvmlDeviceGetVbiosVersion")
         return "96.00.99.00.01"
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
-        self._gpu(handle, "nvmlDeviceGetMemoryInfo")
-        mem = pynvml.c_nvmlMemory_t()
-        mem.total, mem.used, mem.free = 143771 * 2**20, 1024 * 2**20, 142747 * 2**20
-        return mem
-
     def nvmlDeviceGetMigMode(self, handle: Any) -> list[int]:
         gpu = self._gpu(handle, "nvmlDeviceGetMigMode")
         if gpu.mig is None:
             raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return [gpu.mig, gpu.mig]
 
-    # -- FAST getters
+    # -- FAST getters and energy, as C functions: f(handle, [arg,] byref(out)) -> code
+    def _answer(self, handle: Any, call: str, ref: Any, size: int, **values: int) -> int:
+        """Fill the buffer ``ref`` points at (of ``size`` bytes, as nvml.h has it)."""
+        try:
+            self._gpu(handle, call)
+        except pynvml.NVMLError as exc:
+            return int(exc.value)
+        out = ref._obj
+        assert ctypes.sizeof(out) == size, (call, type(out))
+        fields = {name for name, *_ in getattr(out, "_fields_", [("value",)])}
+        assert fields == values.keys(), (call, fields)
+        for name, value in values.items():
+            setattr(out, name, value)
+        return int(pynvml.NVML_SUCCESS)
+
+    def _c_utilization(self, handle: Any, ref: Any) -> int:
+        return self._answer(handle, "nvmlDeviceGetUtilizationRates", ref, 8, gpu=97, memory=35)
+
+    def _c_clock_info(self, handle: Any, kind: int, ref: Any) -> int:
+        clock = {pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 3201}[int(kind)]
+        return self._answer(handle, "nvmlDeviceGetClockInfo", ref, 4, value=clock)
+
+    def _c_temperature(self, handle: Any, sensor: int, ref: Any) -> int:
+        assert int(sensor) == pynvml.NVML_TEMPERATURE_GPU
+        return self._answer(handle, "nvmlDeviceGetTemperature", ref, 4, value=52)
+
+    def _c_power(self, handle: Any, ref: Any) -> int:
+        return self._answer(handle, "nvmlDeviceGetPowerUsage", ref, 4, value=612_345)  # mW
+
+    def _c_memory(self, handle: Any, ref: Any) -> int:  # nvmlMemory_t v1
+        return self._answer(handle, "nvmlDeviceGetMemoryInfo", ref, 24, total=143771 * 2**20,
+                            used=1024 * 2**20, free=142747 * 2**20)
+
+    def _c_reasons(self, handle: Any, ref: Any) -> int:
+        return self._answer(handle, "nvmlDeviceGetCurrentClocksEventReasons", ref, 8,
+                            value=int(pynvml.nvmlClocksEventReasonSwPowerCap))
+
+    def _c_energy(self, handle: Any, ref: Any) -> int:
+        return self._answer(handle, "nvmlDeviceGetTotalEnergyConsumption", ref, 8,
+                            value=123_456_789)
+
+    # -- the same through pynvml-level wrappers (built as pynvml builds them)
+    @staticmethod
+    def _wrapped(fn: Any, out: Any, *args: Any) -> Any:
+        ret = fn(*args, ctypes.byref(out))
+        if ret != pynvml.NVML_SUCCESS:
+            raise nvml_error(ret)
+        return out
+
+    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
+        return self._wrapped(self._c_memory, pynvml.c_nvmlMemory_t(), handle)
+
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
-        self._gpu(handle, "nvmlDeviceGetUtilizationRates")
-        util = pynvml.c_nvmlUtilization_t()
-        util.gpu, util.memory = 97, 35
-        return util
+        return self._wrapped(self._c_utilization, pynvml.c_nvmlUtilization_t(), handle)
 
     def nvmlDeviceGetClockInfo(self, handle: Any, kind: int) -> int:
-        self._gpu(handle, "nvmlDeviceGetClockInfo")
-        return {pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 3201}[kind]
+        return int(self._wrapped(self._c_clock_info, ctypes.c_uint(), handle, kind).value)
 
     def nvmlDeviceGetTemperature(self, handle: Any, sensor: int) -> int:
-        self._gpu(handle, "nvmlDeviceGetTemperature")
-        assert sensor == pynvml.NVML_TEMPERATURE_GPU
-        return 52
+        return int(self._wrapped(self._c_temperature, ctypes.c_uint(), handle, sensor).value)
 
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
-        self._gpu(handle, "nvmlDeviceGetPowerUsage")
-        return 612_345  # mW
+        return int(self._wrapped(self._c_power, ctypes.c_uint(), handle).value)
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
-        self._gpu(handle, "nvmlDeviceGetCurrentClocksEventReasons")
-        return int(pynvml.nvmlClocksEventReasonSwPowerCap)
+        return int(self._wrapped(self._c_reasons, ctypes.c_ulonglong(), handle).value)
 
-    # -- SLOW getters
     def nvmlDeviceGetTotalEnergyConsumption(self, handle: Any) -> int:
-        self._gpu(handle, "nvmlDeviceGetTotalEnergyConsumption")
-        return 123_456_789
+        return int(self._wrapped(self._c_energy, ctypes.c_ulonglong(), handle).value)
 
     def nvmlDeviceGetViolationStatus(self, handle: Any, policy: int) -> Any:
         gpu = self._gpu(handle, "nvmlDeviceGetViolationStatus")
@@ -220,10 +265,25 @@ class FakeNvml:
         status.referenceTime, status.violationTime = 1, gpu.violations[policy]
         return status
 
-    # -- nvmlDeviceGetFieldValues, called through its C function pointer
+    # -- C function pointers, as pynvml's lookup serves them
     def _nvmlGetFunctionPointer(self, name: str) -> Any:
-        assert name == "nvmlDeviceGetFieldValues", name
-        return self._field_values
+        self.calls[f"lookup:{name}"] += 1
+        functions = {"nvmlDeviceGetFieldValues": self._field_values}
+        if self.c_functions:
+            functions.update({
+                "nvmlDeviceGetUtilizationRates": self._c_utilization,
+                "nvmlDeviceGetClockInfo": self._c_clock_info,
+                "nvmlDeviceGetTemperature": self._c_temperature,
+                "nvmlDeviceGetPowerUsage": self._c_power,
+                "nvmlDeviceGetMemoryInfo": self._c_memory,
+                "nvmlDeviceGetCurrentClocksEventReasons": self._c_reasons,
+                "nvmlDeviceGetTotalEnergyConsumption": self._c_energy,
+                "nvmlGpmSampleGet": self._c_gpm_sample_get,
+                "nvmlGpmMetricsGet": self._c_gpm_metrics_get,
+            })
+        if name not in functions:
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return functions[name]
 
     def _field_values(self, handle: Any, count: ctypes.c_int32, values: Any) -> int:
         try:
@@ -260,13 +320,17 @@ class FakeNvml:
         self.calls["nvmlGpmSampleFree"] += 1
         self.samples_live.remove(address_of(sample))
 
-    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
-        self._gpu(handle, "nvmlGpmSampleGet")
+    def _c_gpm_sample_get(self, handle: Any, sample: Any) -> int:
+        try:
+            self._gpu(handle, "nvmlGpmSampleGet")
+        except pynvml.NVMLError as exc:
+            return int(exc.value)
         self._sequence += 1
         self.samples_taken[address_of(sample)] = self._sequence
-        return sample
+        return int(pynvml.NVML_SUCCESS)
 
-    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+    def _c_gpm_metrics_get(self, ref: Any) -> int:
+        request = ref._obj  # the request, by reference
         self.calls["nvmlGpmMetricsGet"] += 1
         assert request.version == pynvml.NVML_GPM_METRICS_GET_VERSION
         first = self.samples_taken[address_of(request.sample1)]
@@ -282,6 +346,18 @@ class FakeNvml:
             else:
                 metric.nvmlReturn = pynvml.NVML_SUCCESS
                 metric.value = gpu.gpm_values.get(metric.metricId, 0.0)
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlGpmSampleGet(self, handle: Any, sample: Any) -> Any:
+        ret = self._c_gpm_sample_get(handle, sample)
+        if ret != pynvml.NVML_SUCCESS:
+            raise nvml_error(ret)
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: Any) -> Any:
+        ret = self._c_gpm_metrics_get(ctypes.byref(request))
+        if ret != pynvml.NVML_SUCCESS:
+            raise nvml_error(ret)
         return request
 
     # -- XID events
@@ -317,6 +393,13 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+@pytest.fixture(autouse=True, params=["c_functions", "wrappers"])
+def nvml_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run each test through the C function pointers and through pynvml's wrappers."""
+    monkeypatch.setattr(FakeNvml, "c_functions", request.param == "c_functions")
+    return str(request.param)
 
 
 def backend_for(*gpus: FakeGpu, clock: FakeClock | None = None) -> tuple[NvmlBackend, FakeNvml]:
@@ -413,6 +496,65 @@ def test_fast_read_fills_every_fast_key_with_dcgm_units() -> None:
     assert (v["correctable_remapped_rows"], v["uncorrectable_remapped_rows"]) == (2, 0)
     assert (v["row_remap_pending"], v["row_remap_failure"]) == (0, 0)
     assert not SLOW_KEYS & v.keys()
+
+
+def test_reads_call_the_c_functions_resolved_once_not_the_wrappers(nvml_path: str) -> None:
+    if nvml_path != "c_functions":
+        pytest.skip("the wrapper path is what the other run exercises")
+    clock = FakeClock()
+    backend, fake = backend_for(FakeGpu(), clock=clock)
+    lookups = {name: n for name, n in fake.calls.items() if name.startswith("lookup:")}
+
+    def no_wrapper(*args: Any) -> Any:
+        raise AssertionError("a read went through a pynvml wrapper")
+
+    for name in ("nvmlDeviceGetUtilizationRates", "nvmlDeviceGetClockInfo",
+                 "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage",
+                 "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCurrentClocksEventReasons",
+                 "nvmlDeviceGetTotalEnergyConsumption", "nvmlGpmSampleGet",
+                 "nvmlGpmMetricsGet"):
+        setattr(fake, name, no_wrapper)
+    for _ in range(3):
+        clock.now += 1
+        reading = backend.read(0, BOTH)
+        assert reading.errors == 0
+        assert reading.values["fb_used"] == 1024 and reading.values["sm_active"] == 0
+    assert {n: c for n, c in fake.calls.items() if n.startswith("lookup:")} == lookups
+    assert fake.calls["nvmlDeviceGetClockInfo"] == 6 and fake.calls["nvmlGpmMetricsGet"] == 3
+
+
+def test_driver_without_the_clocks_event_symbol_uses_the_throttle_reasons_one(
+    nvml_path: str,
+) -> None:
+    # Drivers before 535 export the same function only under its old name.
+    fake = FakeNvml([FakeGpu()])
+    lookup = fake._nvmlGetFunctionPointer
+
+    def old_driver(name: str) -> Any:
+        if name == "nvmlDeviceGetCurrentClocksThrottleReasons":
+            name = "nvmlDeviceGetCurrentClocksEventReasons"
+        elif name == "nvmlDeviceGetCurrentClocksEventReasons":
+            raise nvml_error(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return lookup(name)
+
+    fake._nvmlGetFunctionPointer = old_driver  # type: ignore[method-assign]
+    reading = NvmlBackend(fake, clock=FakeClock()).read(0, FAST)  # type: ignore[arg-type]
+    assert reading.values["clocks_event_reasons"] == 0x4 and reading.errors == 0
+
+
+def test_non_nvml_exception_in_a_getter_counts_as_an_error() -> None:
+    fake = FakeNvml([FakeGpu()])
+
+    def broken(*args: Any) -> Any:
+        raise RuntimeError("broken binding")
+
+    fake._c_power = broken  # type: ignore[method-assign]
+    fake.nvmlDeviceGetPowerUsage = broken  # type: ignore[method-assign]
+    backend = NvmlBackend(fake, clock=FakeClock())  # type: ignore[arg-type]
+    for _ in range(2):  # not "unsupported": asked again
+        reading = backend.read(0, FAST)
+        assert "power_usage" not in reading.values and reading.errors == 1
+        assert reading.values["gpu_util"] == 97
 
 
 def test_slow_keys_only_when_the_slow_tier_is_asked_for() -> None:

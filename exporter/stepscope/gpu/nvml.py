@@ -246,6 +246,89 @@ def _handle_address(handle: Any) -> int | None:
     return int(address) if address is not None else None
 
 
+class _Utilization(ctypes.Structure):
+    """nvmlUtilization_t (nvml.h), as a plain ctypes struct (see :func:`_plain_ctype`)."""
+
+    _fields_ = [("gpu", ctypes.c_uint), ("memory", ctypes.c_uint)]
+
+
+class _Memory(ctypes.Structure):
+    """nvmlMemory_t, version 1: what pynvml's ``nvmlDeviceGetMemoryInfo(handle)`` asks
+    ``nvmlDeviceGetMemoryInfo`` for (``used`` includes the memory the driver reserves;
+    the v2 struct would split that out)."""
+
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
+                ("used", ctypes.c_ulonglong)]
+
+
+def _buffer(ctype: Any) -> tuple[Any, Any]:
+    """A getter's output buffer and the by-reference argument to it, built once."""
+    value = ctype()
+    return value, ctypes.byref(value)
+
+
+def _resolve(lookup: Callable[[str], Any] | None, *symbols: str) -> Callable[..., int] | None:
+    """NVML's C function: the first of ``symbols`` the library exports, or None.
+
+    Resolved once, through pynvml's own ``_nvmlGetFunctionPointer``: pynvml's
+    wrappers repeat that lookup (under a lock), allocate a ctypes output and check
+    the return code on every call, which on an H200 costs about half as much CPU as
+    a cheap getter itself. The function is called with the arguments nvml.h gives
+    it (outputs by reference) and returns the nvmlReturn_t as an int. None where
+    nothing resolves: a module without ``_nvmlGetFunctionPointer`` (a test fake) or
+    a symbol this library lacks; the caller then adapts the pynvml wrapper, which
+    behaves as it always did (a missing symbol answers "function not found").
+    """
+    if lookup is None:
+        return None
+    for symbol in symbols:
+        try:
+            fn: Callable[..., int] = lookup(symbol)
+        except Exception:  # NVML_ERROR_FUNCTION_NOT_FOUND: try the next name
+            continue
+        return fn
+    return None
+
+
+def _returning_code(call: Callable[..., Any]) -> Callable[..., int]:
+    """A pynvml call that raises NVMLError, as a C-style call returning the code."""
+
+    def wrapped(*args: Any) -> int:
+        try:
+            call(*args)
+        except Exception as exc:
+            code = _code(exc)
+            if code < 0:  # not an NVML error: let the caller see it as it is
+                raise
+            return code
+        return _SUCCESS
+
+    return wrapped
+
+
+def _wrapper_as_c(wrapper: Callable[..., Any]) -> Callable[..., int]:
+    """A pynvml getter wrapper behind the C convention ``f(*args, byref(out)) -> code``."""
+
+    def call(*args: Any) -> int:
+        *params, ref = args
+        try:
+            result = wrapper(*params)
+        except Exception as exc:
+            code = _code(exc)
+            if code < 0:  # not an NVML error: let the caller see it as it is
+                raise
+            return code
+        out = ref._obj  # the ctypes object byref() points at
+        if isinstance(out, ctypes.Structure):
+            for name, *_ in out._fields_:
+                setattr(out, name, getattr(result, name))
+        else:
+            out.value = result
+        return _SUCCESS
+
+    return call
+
+
 class _FieldBatch:
     """A prebuilt ``nvmlDeviceGetFieldValues`` request for one device.
 
@@ -254,6 +337,11 @@ class _FieldBatch:
     on every call (~4x the cost of the call itself on an H200). The answers are
     read with one ``struct`` unpack. Field ids the device does not support are
     dropped after the first answer.
+
+    A field's value type does not change from one call to the next, so once every
+    field has answered, the batch also builds an unpack that decodes each value with
+    its type: a read in which every field answers with the type it answered with
+    before then costs one unpack and one comparison, not a decode per field.
     """
 
     def __init__(
@@ -273,6 +361,16 @@ class _FieldBatch:
             for kind, member in _VALUE_MEMBERS.items()
             if member in union
         }
+        # nvmlValueType_t -> the same member as a standard-size struct code padded to
+        # the union's 8 bytes (c_ulong is 8 bytes natively but "=L" is 4).
+        self._slots: dict[int, str] = {}
+        for kind, member in _VALUE_MEMBERS.items():
+            if member in union:
+                size = ctypes.sizeof(union[member])
+                code = {"L": "Q", "l": "q"}.get(union[member]._type_, union[member]._type_) \
+                    if size == 8 else union[member]._type_
+                if struct.calcsize("=" + code) == size:
+                    self._slots[kind] = f"{code}{8 - size}x"
         self._build(fields)
 
     def _build(self, fields: Sequence[tuple[int, str]]) -> None:
@@ -290,6 +388,19 @@ class _FieldBatch:
         tail = ctypes.sizeof(entry) - entry.value.offset - 8
         self._unpack = struct.Struct(
             "=" + f"{head}xII{gap}x8s{tail}x" * len(self.fields)).unpack_from
+        self._layout = (head, gap, tail)
+        self._value_keys = tuple(key for _, key in self.fields)
+        self._typed: Callable[..., tuple[Any, ...]] | None = None
+        self._kinds: tuple[int, ...] = ()
+
+    def _learn(self, kinds: tuple[int, ...]) -> None:
+        """Build the typed unpack for value types ``kinds`` (one per field)."""
+        if any(kind not in self._slots for kind in kinds):
+            return
+        head, gap, tail = self._layout
+        self._typed = struct.Struct("=" + "".join(
+            f"{head}xII{gap}x{self._slots[kind]}{tail}x" for kind in kinds)).unpack_from
+        self._kinds = kinds
 
     def read(self, handle: Any, out: dict[str, float]) -> int:
         """Put each answered field's value in ``out`` under its key; return the failed count.
@@ -302,8 +413,15 @@ class _FieldBatch:
         ret = self._fn(handle, self._count, self._array)
         if ret != _SUCCESS:
             raise self._error(ret)
+        if self._typed is not None:
+            typed = self._typed(self._array)
+            # every field answered (all codes 0), each with its usual type
+            if typed[0::3] == self._kinds and not any(typed[1::3]):
+                out.update(zip(self._value_keys, map(float, typed[2::3]), strict=False))
+                return 0
         errors = 0
         dropped: list[int] = []
+        kinds: list[int] = []
         answers = iter(self._unpack(self._array))
         decoders = self._decoders
         for (fid, key), kind, code, value in zip(
@@ -315,6 +433,7 @@ class _FieldBatch:
                     errors += 1
                     continue
                 out[key] = float(decode(value)[0])
+                kinds.append(kind)
             elif code in _LOST_CODES:
                 raise self._error(code)
             elif code in _FIELD_UNSUPPORTED_CODES:
@@ -324,6 +443,8 @@ class _FieldBatch:
         if dropped:
             log.debug("field ids %s not supported; not asked again", dropped)
             self._build([f for f in self.fields if f[0] not in dropped])
+        elif len(kinds) == len(self.fields):
+            self._learn(tuple(kinds))
         return errors
 
     def clear(self) -> None:
@@ -350,6 +471,7 @@ class _GpmRequest:
         for i, metric_id in enumerate(metric_ids):
             request.metrics[i].metricId = metric_id
         self._request = request
+        self._ref = ctypes.byref(request)
         # (nvmlReturn, value) of every requested metric in one unpack of the array
         # (about 3x faster than reading the ctypes structs field by field).
         metric = type(request.metrics)._type_
@@ -359,16 +481,20 @@ class _GpmRequest:
         self._unpack = struct.Struct("=" + f"{skip_id}xI{gap}xd{tail}x" * len(metric_ids))
 
     def compute(
-        self, nvml: ModuleType, older: Any, newer: Any, values: dict[str, float]
+        self, metrics_get: Callable[..., int], error: Callable[[int], BaseException],
+        older: Any, newer: Any, values: dict[str, float],
     ) -> list[int]:
         """Put the scaled metrics between two samples in ``values``.
 
-        Returns the metric ids this GPU does not support. Raises pynvml errors.
+        ``metrics_get`` is the C ``nvmlGpmMetricsGet``. Returns the metric ids this
+        GPU does not support. Raises the pynvml error of a failed call.
         """
         request = self._request
         request.sample1 = older
         request.sample2 = newer
-        nvml.nvmlGpmMetricsGet(request)
+        ret = metrics_get(self._ref)
+        if ret:
+            raise error(ret)
         unsupported: list[int] = []
         answers = iter(self._unpack.unpack_from(request.metrics))
         for metric_id, (key, scale, ratio), code, value in zip(
@@ -403,6 +529,13 @@ class _Gpm:
         self._nvml = nvml
         self._handle = handle
         self._samples: list[Any] = []
+        # The per-read calls go straight to C (see _resolve).
+        lookup = getattr(nvml, "_nvmlGetFunctionPointer", None)
+        self._error = nvml.NVMLError
+        self._sample_get = (_resolve(lookup, "nvmlGpmSampleGet")
+                            or _returning_code(nvml.nvmlGpmSampleGet))
+        self._metrics_get = (_resolve(lookup, "nvmlGpmMetricsGet")
+                             or _returning_code(lambda ref: nvml.nvmlGpmMetricsGet(ref._obj)))
         self._metrics_type = metrics_type
         self._build(list(_GPM_KEYS))
         try:
@@ -436,12 +569,14 @@ class _Gpm:
             out.update(request.last)  # too close to the previous sample: keep its values
             return False
         previous, current = self._samples
-        self._nvml.nvmlGpmSampleGet(self._handle, current)
+        ret = self._sample_get(self._handle, current)
+        if ret:
+            raise self._error(ret)
         # The new sample is the next baseline whatever happens to the computation.
         self._samples.reverse()
         self._previous_at = clock()
         values: dict[str, float] = {}
-        unsupported = request.compute(self._nvml, previous, current, values)
+        unsupported = request.compute(self._metrics_get, self._error, previous, current, values)
         request.last = values
         out.update(values)
         if unsupported:
@@ -619,46 +754,93 @@ class NvmlBackend:
             return None
 
     def _build_getters(self, device: _Device) -> None:
-        """Bind each getter to the device handle once, so a read does no lookups."""
+        """Bind each getter to the device handle and its own output buffer once.
+
+        The getters call NVML's C functions directly (see :func:`_resolve`): a read
+        does no lookups, allocates no ctypes objects and checks one int per call.
+        """
         nvml = self._nvml
         h = device.handle
-        utilization = nvml.nvmlDeviceGetUtilizationRates
-        clock_info = nvml.nvmlDeviceGetClockInfo
-        temperature = nvml.nvmlDeviceGetTemperature
-        power = nvml.nvmlDeviceGetPowerUsage
-        memory = nvml.nvmlDeviceGetMemoryInfo
-        # Renamed from "throttle reasons" in NVML 12.2 / nvidia-ml-py 12.535.
-        reasons = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                   or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)
-        energy = nvml.nvmlDeviceGetTotalEnergyConsumption
+        error = nvml.NVMLError
+        lookup = getattr(nvml, "_nvmlGetFunctionPointer", None)
+
+        def c_function(*symbols: str, wrapper: str = "") -> Callable[..., int]:
+            fn = _resolve(lookup, *symbols)
+            return fn or _wrapper_as_c(getattr(nvml, wrapper or symbols[0]))
+
+        utilization = c_function("nvmlDeviceGetUtilizationRates")
+        clock_info = c_function("nvmlDeviceGetClockInfo")
+        temperature = c_function("nvmlDeviceGetTemperature")
+        power = c_function("nvmlDeviceGetPowerUsage")
+        memory = c_function("nvmlDeviceGetMemoryInfo")
+        # Renamed from "throttle reasons" in NVML 12.2 / nvidia-ml-py 12.535; the old
+        # symbol is the same function under its old name.
+        reasons = c_function(
+            "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+            wrapper=("nvmlDeviceGetCurrentClocksEventReasons"
+                     if hasattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons")
+                     else "nvmlDeviceGetCurrentClocksThrottleReasons"))
+        energy = c_function("nvmlDeviceGetTotalEnergyConsumption")
+
+        # One output buffer per getter, passed by a reference built once.
+        util_out, util_ref = _buffer(_Utilization)
+        sm_out, sm_ref = _buffer(ctypes.c_uint)
+        mem_out, mem_ref = _buffer(ctypes.c_uint)
+        temp_out, temp_ref = _buffer(ctypes.c_uint)
+        power_out, power_ref = _buffer(ctypes.c_uint)
+        memory_out, memory_ref = _buffer(_Memory)
+        reasons_out, reasons_ref = _buffer(ctypes.c_ulonglong)
+        energy_out, energy_ref = _buffer(ctypes.c_ulonglong)
 
         def get_utilization(out: dict[str, float]) -> None:
-            u = utilization(h)
-            out["gpu_util"] = float(u.gpu)
-            out["mem_copy_util"] = float(u.memory)
+            ret = utilization(h, util_ref)
+            if ret:
+                raise error(ret)
+            out["gpu_util"] = float(util_out.gpu)
+            out["mem_copy_util"] = float(util_out.memory)
 
         def get_sm_clock(out: dict[str, float]) -> None:
-            out["sm_clock"] = float(clock_info(h, _NVML_CLOCK_SM))
+            ret = clock_info(h, _NVML_CLOCK_SM, sm_ref)
+            if ret:
+                raise error(ret)
+            out["sm_clock"] = float(sm_out.value)
 
         def get_mem_clock(out: dict[str, float]) -> None:
-            out["mem_clock"] = float(clock_info(h, _NVML_CLOCK_MEM))
+            ret = clock_info(h, _NVML_CLOCK_MEM, mem_ref)
+            if ret:
+                raise error(ret)
+            out["mem_clock"] = float(mem_out.value)
 
         def get_temperature(out: dict[str, float]) -> None:
-            out["gpu_temp"] = float(temperature(h, _NVML_TEMPERATURE_GPU))
+            ret = temperature(h, _NVML_TEMPERATURE_GPU, temp_ref)
+            if ret:
+                raise error(ret)
+            out["gpu_temp"] = float(temp_out.value)
 
         def get_power(out: dict[str, float]) -> None:
-            out["power_usage"] = power(h) / 1000.0
+            ret = power(h, power_ref)
+            if ret:
+                raise error(ret)
+            out["power_usage"] = power_out.value / 1000.0
 
         def get_memory(out: dict[str, float]) -> None:
-            m = memory(h)
-            out["fb_used"] = m.used / _MIB
-            out["fb_free"] = m.free / _MIB
+            ret = memory(h, memory_ref)
+            if ret:
+                raise error(ret)
+            out["fb_used"] = memory_out.used / _MIB
+            out["fb_free"] = memory_out.free / _MIB
 
         def get_reasons(out: dict[str, float]) -> None:
-            out["clocks_event_reasons"] = float(reasons(h))
+            ret = reasons(h, reasons_ref)
+            if ret:
+                raise error(ret)
+            out["clocks_event_reasons"] = float(reasons_out.value)
 
         def get_energy(out: dict[str, float]) -> None:
-            out["total_energy"] = float(energy(h))
+            ret = energy(h, energy_ref)
+            if ret:
+                raise error(ret)
+            out["total_energy"] = float(energy_out.value)
 
         device.fast = [
             ("utilization", get_utilization),
@@ -831,14 +1013,16 @@ class _Pass:
 
     def run(self, getters: list[tuple[str, Getter]], out: dict[str, float]) -> None:
         """Call each getter; drop those that turn out unsupported."""
+        failed = 0
         dropped: list[str] = []
         for name, getter in getters:
             try:
                 getter(out)
-                self.ok += 1
             except Exception as exc:  # classified below
+                failed += 1
                 if self.failed(name, exc):
                     dropped.append(name)
+        self.ok += len(getters) - failed
         if dropped:
             getters[:] = [g for g in getters if g[0] not in dropped]
 
