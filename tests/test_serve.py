@@ -218,3 +218,48 @@ def test_every_served_family_is_documented() -> None:
     doc = (REPO / "docs" / "metrics.md").read_text()
     missing = [n for n in sorted(names) if f"`{n}`" not in doc and not n.startswith("process_")]
     assert missing == []
+
+
+def test_scenario_faults_show_up_on_exactly_the_gpus_they_hit(tmp_path: Path) -> None:
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text(
+        "version: 1\ngpus: 4\n"
+        "devices:\n  0: {profiling: false}\n"
+        "timeline:\n"
+        "  - {at: 0.5s, gpus: [1], xid: 79}\n"
+        "  - {at: 0.6s, gpus: [1], xid: 13}\n"
+        "  - {at: 0.7s, gpus: [1], xid: 79}\n"
+        "  - {at: 1s, gpus: [2], fall_off_bus: true}\n"
+        "  - {at: 0s, until: 1h, gpus: [3], thermal: sw}\n"
+    )
+    exp = start_exporter(["--scenario", str(scenario), "--interval", "0.2",
+                          "--slow-interval", "0.2"])
+    try:
+        def fams() -> dict[str, list[tuple[dict[str, str], float]]]:
+            return parse(exp.metrics())
+
+        def by_gpu(f: dict[str, list[tuple[dict[str, str], float]]], name: str) -> dict[str, float]:
+            return {lbl["gpu"]: v for lbl, v in f.get(name, [])}
+
+        f = wait_for(lambda: (f := fams()) and by_gpu(f, "stepscope_gpu_up").get("2") == 0 and
+                     sum(v for _, v in f.get("stepscope_xid_errors_total", [])) == 3 and f)
+        assert by_gpu(f, "stepscope_gpu_up") == {"0": 1, "1": 1, "2": 0, "3": 1}
+        xids = {(lbl["gpu"], lbl["xid"]): v for lbl, v in f["stepscope_xid_errors_total"]}
+        assert xids == {("1", "79"): 2, ("1", "13"): 1}
+        assert by_gpu(f, "DCGM_FI_DEV_XID_ERRORS") == {"0": 0, "1": 79, "2": 0, "3": 0}
+        # the lost GPU keeps only up/info; the GPU without GPM has no PROF series at all
+        assert "2" not in by_gpu(f, "DCGM_FI_DEV_GPU_UTIL")
+        assert set(by_gpu(f, "DCGM_FI_PROF_SM_ACTIVE")) == {"1", "3"}
+        info = {lbl["gpu"]: lbl["profiling"] for lbl, _ in f["stepscope_gpu_info"]}
+        assert info["0"] == "unsupported" and info["1"] == "supported"
+        # GPU 3 throttles: clock event active, clocks lower, violation time rising
+        active = {(lbl["gpu"], lbl["reason"]): v
+                  for lbl, v in f["stepscope_gpu_clock_event_active"]}
+        assert active[("3", "sw_thermal_slowdown")] == 1 and active[("1", "sw_thermal_slowdown")] == 0
+        clocks = by_gpu(f, "DCGM_FI_DEV_SM_CLOCK")
+        assert clocks["3"] < clocks["1"]
+        first = by_gpu(f, "DCGM_FI_DEV_THERMAL_VIOLATION")["3"]
+        wait_for(lambda: by_gpu(fams(), "DCGM_FI_DEV_THERMAL_VIOLATION")["3"] > first)
+        assert by_gpu(fams(), "DCGM_FI_DEV_THERMAL_VIOLATION")["1"] == 0
+    finally:
+        assert exp.stop() == 0
