@@ -255,7 +255,8 @@ def test_scenario_faults_show_up_on_exactly_the_gpus_they_hit(tmp_path: Path) ->
         # GPU 3 throttles: clock event active, clocks lower, violation time rising
         active = {(lbl["gpu"], lbl["reason"]): v
                   for lbl, v in f["stepscope_gpu_clock_event_active"]}
-        assert active[("3", "sw_thermal_slowdown")] == 1 and active[("1", "sw_thermal_slowdown")] == 0
+        assert active[("3", "sw_thermal_slowdown")] == 1
+        assert active[("1", "sw_thermal_slowdown")] == 0
         clocks = by_gpu(f, "DCGM_FI_DEV_SM_CLOCK")
         assert clocks["3"] < clocks["1"]
         first = by_gpu(f, "DCGM_FI_DEV_THERMAL_VIOLATION")["3"]
