@@ -1,0 +1,166 @@
+"""What the training SDK costs the training process, per step and per batch.
+
+Times ``with rep.step(tokens=...)`` around an empty body (so only the SDK's own work
+is measured) in three conditions, and ``timed()``'s per-item overhead over a plain
+iterator; prints p50 / p99 / max microseconds. The design target is <= 10 us per
+step at p99. Host timing (no CUDA); the figures include the perf_counter pair
+around each call, shown on the ``timer alone`` row. Steps are paced ``--gap-us``
+apart by a busy loop (the "training" holds the GIL, as real Python does), so the
+SDK's sending thread competes with the loop as it would in a job; the notes say how
+many datagrams were received and dropped.
+
+- receiver present: an exporter stand-in in another process drains a Unix socket;
+- exporter absent: nothing at the ingest path (steps dropped and counted);
+- full socket: a receiver that never reads, tiny buffer (EAGAIN, dropped).
+
+    python3 benchmarks/bench_sdk.py [--steps 20000] [--gap-us 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
+
+from stepscope.train import StepReporter
+
+RECEIVER = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+s.bind(sys.argv[1])
+print("ready", flush=True)
+n = 0
+while True:
+    if s.recv(4096) == b"stop":
+        break
+    n += 1
+print(n, flush=True)
+"""
+
+Row = tuple[str, list[float], str]
+
+
+def percentiles(samples_ns: list[float]) -> tuple[float, float, float]:
+    """p50, p99 and max in microseconds."""
+    q = statistics.quantiles(samples_ns, n=100, method="inclusive")
+    return q[49] / 1e3, q[98] / 1e3, max(samples_ns) / 1e3
+
+
+def time_steps(rep: StepReporter, steps: int, gap_ns: int) -> list[float]:
+    """Nanoseconds of each empty ``with rep.step()``, steps ``gap_ns`` apart."""
+    clock = time.perf_counter_ns
+    out: list[float] = []
+    append = out.append
+    for i in range(steps):
+        until = clock() + gap_ns
+        while clock() < until:  # the training work between steps
+            pass
+        t0 = clock()
+        with rep.step(tokens=i):
+            pass
+        append(clock() - t0)
+    return out
+
+
+def time_timer(steps: int) -> list[float]:
+    clock = time.perf_counter_ns
+    out: list[float] = []
+    append = out.append
+    for _ in range(steps):
+        t0 = clock()
+        append(clock() - t0)
+    return out
+
+
+def time_next(it: Iterator[int], items: int) -> list[float]:
+    """Nanoseconds of each ``next(it)``."""
+    clock = time.perf_counter_ns
+    out: list[float] = []
+    append = out.append
+    for _ in range(items):
+        t0 = clock()
+        next(it)
+        append(clock() - t0)
+    return out
+
+
+def reporter(path: str) -> StepReporter:
+    return StepReporter("bench", flops_per_token=1e9, ingest=f"unix://{path}", warmup_steps=0)
+
+
+def run(steps: int, gap_ns: int) -> list[Row]:
+    rows: list[Row] = [("timer alone (perf_counter_ns pair)", time_timer(steps), "")]
+    tmp = tempfile.mkdtemp(prefix="ssb")
+
+    present = os.path.join(tmp, "present.sock")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RECEIVER, present], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    rep = reporter(present)
+    samples = time_steps(rep, steps, gap_ns)
+    rep.close()
+    dropped = rep.dropped
+    stop = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    while True:  # the receiver's queue may be full: retry until "stop" lands
+        try:
+            stop.sendto(b"stop", present)
+            break
+        except BlockingIOError:
+            time.sleep(0.01)
+    received = int(proc.stdout.readline())
+    proc.wait()
+    rows.append(("step(): receiver present", samples, f"received {received}, dropped {dropped}"))
+
+    rep = reporter(os.path.join(tmp, "absent.sock"))
+    samples = time_steps(rep, steps, gap_ns)
+    rep.close()
+    rows.append(("step(): exporter absent", samples, f"dropped {rep.dropped}"))
+
+    full = os.path.join(tmp, "full.sock")
+    sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sink.bind(full)
+    rep = reporter(full)
+    samples = time_steps(rep, steps, gap_ns)
+    rep.close(timeout=0.1)
+    rows.append(("step(): socket full (never read)", samples, f"dropped {rep.dropped}"))
+    sink.close()
+
+    data = list(range(steps))
+    plain = time_next(iter(data), steps)
+    wrapped = time_next(iter(reporter(os.path.join(tmp, "absent.sock")).timed(data)), steps)
+    rows.append(("next(): plain list iterator", plain, ""))
+    rows.append(("next(): through timed()", wrapped, ""))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--gap-us", type=int, default=200, help="busy time between steps")
+    args = parser.parse_args(argv)
+    rows = run(args.steps, args.gap_us * 1000)
+    print(f"{args.steps} steps each, {args.gap_us} us of busy work between steps")
+    print(f"{'case':<36} {'p50 us':>8} {'p99 us':>8} {'max us':>9}  note")
+    for name, samples, note in rows:
+        p50, p99, peak = percentiles(samples)
+        print(f"{name:<36} {p50:8.2f} {p99:8.2f} {peak:9.1f}  {note}")
+    plain_p50 = percentiles(rows[-2][1])[0]
+    timed_p50 = percentiles(rows[-1][1])[0]
+    print(f"timed() overhead per item, p50: {timed_p50 - plain_p50:.2f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Where a rank is and where it sends: launcher environment, ingest URL, GPU UUID.
+
+Standard library only; torch is looked up in ``sys.modules`` and never imported here.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+log = logging.getLogger("stepscope.train")
+
+# (rank, local_rank, world_size) variables per launcher, first match wins:
+# torchrun / torch.distributed.launch, Slurm's srun, Open MPI's mpirun.
+LAUNCHER_ENV: tuple[tuple[str, str, str], ...] = (
+    ("RANK", "LOCAL_RANK", "WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_SIZE"),
+)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A rank's place in its job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+
+
+def _env_int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw.strip())
+    except ValueError:
+        log.warning("stepscope: ignoring %s=%r (not an integer)", name, raw)
+        return None
+
+
+def placement_from_env(env: Mapping[str, str]) -> Placement:
+    """Rank, local rank and world size from the first launcher family whose rank
+    variable is set (torchrun, then Slurm, then Open MPI); else 0, 0, 1."""
+    for rank_var, local_var, size_var in LAUNCHER_ENV:
+        rank = _env_int(env, rank_var)
+        if rank is None:
+            continue
+        local = _env_int(env, local_var)
+        size = _env_int(env, size_var)
+        return Placement(rank, local if local is not None else 0, size if size else 1)
+    return Placement(0, 0, 1)
+
+
+@dataclass(frozen=True)
+class IngestAddress:
+    """A parsed ingest URL: ``unix:///path`` or ``udp://host:port``."""
+
+    family: int
+    address: str | tuple[str, int]
+    url: str
+
+
+def parse_ingest(url: str) -> IngestAddress:
+    """Parse an ingest URL; raise ``ValueError`` naming the URL when it is malformed."""
+    if not isinstance(url, str):
+        raise TypeError(f"ingest must be a str URL, got {type(url).__name__}")
+    parts = urlsplit(url.strip())
+    if parts.scheme == "unix":
+        path = parts.path
+        if not path or parts.netloc:
+            raise ValueError(f"ingest {url!r}: expected unix:///absolute/path")
+        return IngestAddress(socket.AF_UNIX, path, url)
+    if parts.scheme == "udp":
+        try:
+            port = parts.port
+        except ValueError as err:
+            raise ValueError(f"ingest {url!r}: bad port ({err})") from None
+        host = parts.hostname
+        if not host or port is None or port == 0:
+            raise ValueError(f"ingest {url!r}: expected udp://HOST:PORT")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return IngestAddress(family, (host, port), url)
+    raise ValueError(f"ingest {url!r}: scheme must be unix:// or udp://")
+
+
+def cuda_device_uuid(torch: Any, device: int) -> str | None:
+    """The UUID of CUDA device ``device`` in NVML's form (``GPU-xxxxxxxx-...``).
+
+    ``torch.cuda.get_device_properties(d).uuid`` prints as the bare UUID; NVML (and
+    so dcgm-exporter's ``UUID`` label) prefixes it with ``GPU-`` (``MIG-`` for a MIG
+    instance, which CUDA reports already prefixed on some versions)."""
+    try:
+        raw = str(torch.cuda.get_device_properties(device).uuid)
+    except Exception as err:  # old torch without .uuid, or a driver error
+        log.debug("stepscope: no GPU UUID for device %s: %s", device, err)
+        return None
+    if raw.startswith(("GPU-", "MIG-")):
+        return raw
+    return "GPU-" + raw
+
+
+def loaded_torch() -> Any:
+    """torch if the training script already imported it, else None (never imports)."""
+    return sys.modules.get("torch")

@@ -1,0 +1,671 @@
+"""``StepReporter``: per-step timing of a training loop, sent to the node's exporter.
+
+How a step is timed (docs/sdk.md has the long form):
+
+- A step's wall time ``dur`` runs from the end of the previous reported step (or, for
+  the first, from the first ``timed()`` fetch or the first ``step()``) to the end of
+  this one, so the ``dur`` of consecutive steps add up to the run's wall time and
+  tokens / sum(dur) is the real throughput.
+- ``data``: time blocked in the wrapped iterator's ``__next__`` (``timed()``) since the
+  previous step ended. ``comm``: exposed communication measured by the DDP comm hook
+  (``watch_ddp``): from the moment backward's last gradient bucket was ready until the
+  last bucket's all-reduce completed, i.e. the all-reduce time backward could not hide.
+  ``compute``: the rest of the ``with step()`` body. ``other``: the rest of ``dur``
+  (the loop's own work between steps, evaluation, checkpoints, failed steps).
+- On CUDA the boundaries are CUDA events, read one step later when they have
+  completed (``Event.query()`` never blocks), so ``dur`` and the phases are GPU time,
+  not launch time. ``sync=True`` synchronizes the device at each boundary instead:
+  every stream counted, each step sent at once, but the CPU can no longer run ahead
+  of the GPU, which costs throughput.
+
+Nothing here raises into the training loop: every public method swallows its own
+errors (logged once), bad per-step values are zeroed and counted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any, Literal, TypeVar
+
+from stepscope.train import schema
+from stepscope.train._datagram import StepEncoder
+from stepscope.train._env import (
+    cuda_device_uuid,
+    loaded_torch,
+    parse_ingest,
+    placement_from_env,
+)
+from stepscope.train._sender import DatagramSender
+
+log = logging.getLogger("stepscope.train")
+
+T = TypeVar("T")
+
+# CUDA steps waiting for their events; a GPU this far behind the CPU means the
+# events will never be read in time: the oldest is dropped and counted.
+_MAX_PENDING = 64
+
+
+def _check_count(name: str, value: object, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_flops(name: str, value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    out = float(value)
+    if not math.isfinite(out) or out < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return out
+
+
+class _Comm:
+    """Exposed-communication bookkeeping fed by the DDP comm hook.
+
+    Per backward pass: ``ready`` is when the last bucket's gradients were ready
+    (backward's own compute is over), ``done`` the latest all-reduce completion.
+    Exposed = max(0, done - ready). On CUDA both are events, resolved with the step.
+    The hook and its callbacks run in autograd and process-group threads, hence
+    the lock.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.launched = 0
+        self.completed = 0
+        self.ready: float | None = None
+        self.done = 0.0
+        self.ready_event: Any = None
+        self.done_events: list[Any] = []
+        self.host_seconds = 0.0  # folded backward passes of the open step
+        self.event_pairs: list[tuple[Any, list[Any]]] = []
+
+    def fold(self) -> None:
+        """Close one backward pass (all its buckets done). Caller holds the lock."""
+        if self.ready_event is not None:
+            self.event_pairs.append((self.ready_event, self.done_events))
+            self.ready_event, self.done_events = None, []
+        elif self.ready is not None:
+            self.host_seconds += max(0.0, self.done - self.ready)
+        self.ready, self.done = None, 0.0
+        self.launched = self.completed = 0
+
+    def take(self) -> tuple[float, list[tuple[Any, list[Any]]]]:
+        """The open step's exposed comm (host seconds, CUDA event pairs); resets."""
+        with self.lock:
+            if self.launched and self.launched == self.completed:
+                self.fold()
+            seconds, pairs = self.host_seconds, self.event_pairs
+            self.host_seconds, self.event_pairs = 0.0, []
+            return seconds, pairs
+
+
+class _PendingStep:
+    """A CUDA step whose events are not read yet."""
+
+    __slots__ = (
+        "comm_pairs",
+        "data",
+        "end",
+        "flops",
+        "gap_host",
+        "number",
+        "prev_end",
+        "start",
+        "tokens",
+        "warm",
+    )
+
+    def __init__(
+        self,
+        number: int,
+        warm: bool,
+        tokens: int,
+        flops: float,
+        data: float,
+        gap_host: float,
+        prev_end: Any,
+        start: Any,
+        end: Any,
+        comm_pairs: list[tuple[Any, list[Any]]],
+    ) -> None:
+        self.number = number
+        self.warm = warm
+        self.tokens = tokens
+        self.flops = flops
+        self.data = data
+        self.gap_host = gap_host
+        self.prev_end = prev_end
+        self.start = start
+        self.end = end
+        self.comm_pairs = comm_pairs
+
+
+class _StepContext:
+    """What ``StepReporter.step()`` returns; one instance reused for every step."""
+
+    __slots__ = ("_reporter",)
+
+    def __init__(self, reporter: StepReporter) -> None:
+        self._reporter = reporter
+
+    def __enter__(self) -> None:
+        self._reporter._enter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        self._reporter._exit(exc_type is None)
+        return False  # the user's exception propagates unchanged
+
+
+class StepReporter:
+    """Reports each optimizer step of one rank to the node's stepscope exporter.
+
+    ``job``: the job's name, label-safe (letters, digits, ``_.:/@+=-``, at most 128).
+    ``flops_per_token`` or ``flops_per_step``: model FLOPs this rank does per token
+    or per step (see :func:`transformer_flops_per_token`); without either, no MFU.
+    ``precision``: the math the model trains in (``bf16``, ``fp16``, ``tf32``,
+    ``fp32``, ``fp8``), so the exporter divides by the right peak. ``warmup_steps``:
+    the first steps, sent flagged ``warmup`` and kept out of step time and MFU.
+    ``ingest``: ``unix:///path`` or ``udp://host:port``; default ``$STEPSCOPE_INGEST``,
+    else ``unix:///run/stepscope/ingest.sock``. ``rank``, ``local_rank``,
+    ``world_size``: default from torchrun's, Slurm's or Open MPI's environment, else
+    0, 0, 1. ``cuda``: time with CUDA events (default: when torch has initialized
+    CUDA by the first step). ``sync``: synchronize the device at step boundaries
+    instead of reading events one step later. ``start_step``: number of the first
+    step (a resumed run). ``retry_interval``: seconds between attempts to reach an
+    absent exporter.
+
+    Bad arguments raise ``TypeError``/``ValueError`` here; once constructed, nothing
+    the reporter does raises into the training loop.
+    """
+
+    def __init__(
+        self,
+        job: str,
+        *,
+        flops_per_token: float | None = None,
+        flops_per_step: float | None = None,
+        precision: str = "bf16",
+        warmup_steps: int = 3,
+        ingest: str | None = None,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        world_size: int | None = None,
+        cuda: bool | None = None,
+        sync: bool = False,
+        start_step: int = 0,
+        retry_interval: float = 1.0,
+    ) -> None:
+        if not isinstance(job, str):
+            raise TypeError(f"job must be a str, got {type(job).__name__}")
+        if not schema.LABEL_VALUE_RE.match(job):
+            raise ValueError(
+                f"job {job!r} is not label-safe: 1-{schema.MAX_LABEL_LENGTH} characters "
+                "of letters, digits and _.:/@+=-"
+            )
+        self.flops_per_token = _check_flops("flops_per_token", flops_per_token)
+        self.flops_per_step = _check_flops("flops_per_step", flops_per_step)
+        if self.flops_per_token is not None and self.flops_per_step is not None:
+            raise ValueError("give flops_per_token or flops_per_step, not both")
+        if precision not in schema.PRECISIONS:
+            raise ValueError(f"precision must be one of {schema.PRECISIONS}, got {precision!r}")
+        self.warmup_steps = _check_count("warmup_steps", warmup_steps, minimum=0)
+        start_step = _check_count("start_step", start_step, minimum=0)
+        for name, flag in (("cuda", cuda), ("sync", sync)):
+            if flag is not None and not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        if isinstance(retry_interval, bool) or not isinstance(retry_interval, (int, float)):
+            raise TypeError("retry_interval must be a number of seconds")
+        if not retry_interval > 0:
+            raise ValueError(f"retry_interval must be > 0, got {retry_interval!r}")
+
+        placed = placement_from_env(os.environ)
+        self.rank = placed.rank if rank is None else _check_count("rank", rank, minimum=0)
+        self.local_rank = (
+            placed.local_rank
+            if local_rank is None
+            else _check_count("local_rank", local_rank, minimum=0)
+        )
+        self.world_size = (
+            placed.world_size
+            if world_size is None
+            else _check_count("world_size", world_size, minimum=1)
+        )
+        if self.rank >= schema.MAX_RANK or self.local_rank >= schema.MAX_LOCAL_RANK:
+            raise ValueError(f"rank {self.rank} / local_rank {self.local_rank} out of range")
+
+        self.job = job
+        self.precision = precision
+        self.sync = sync
+        self.uuid: str | None = None
+        url = ingest if ingest is not None else os.environ.get(schema.INGEST_ENV)
+        self.ingest = parse_ingest(url or schema.DEFAULT_INGEST)
+        # The sender reads the encoder through this lambda, so it never holds the
+        # reporter and a new encoder (once the GPU UUID is known) takes effect.
+        holder = [self._make_encoder()]
+        self._encoder_holder = holder
+        self._sender = DatagramSender(
+            self.ingest, lambda rec, dropped: holder[0].encode(rec, dropped), float(retry_interval)
+        )
+        # At exit (or when the reporter is collected) send what is still queued.
+        weakref.finalize(self, self._sender.close, 0.2)
+        self._cuda_wanted = cuda
+        self._cuda = False
+        self._decided = False
+        self._torch: Any = None
+
+        self._next_number = start_step
+        self._reported = 0  # steps completed in this process (warm-up count)
+        self.failed = 0
+        self.invalid = 0
+        self._mark: float | None = None  # end of the previous step
+        self._data = 0.0
+        self._enter_at = 0.0
+        self._open = False
+        self._tokens: Any = 0
+        self._flops: Any = None
+        self._ctx = _StepContext(self)
+        self._comm = _Comm()
+        self._watching = False
+        self._events_free: list[Any] = []
+        self._prev_end: Any = None
+        self._start_event: Any = None
+        self._pending: deque[_PendingStep] = deque()
+        self._logged: set[str] = set()
+
+    # -- public API -------------------------------------------------------------
+
+    @property
+    def dropped(self) -> int:
+        """Steps that did not reach the exporter (absent, full, or lost)."""
+        return self._sender.dropped
+
+    @property
+    def steps(self) -> int:
+        """Steps completed (reported or dropped) by this reporter."""
+        return self._reported
+
+    def step(self, tokens: int = 0, flops: float | None = None) -> _StepContext:
+        """Context manager around one optimizer step.
+
+        ``tokens``: tokens this rank processed in the step (a Python int; a tensor
+        would force a device sync to read). ``flops``: this step's model FLOPs,
+        overriding ``flops_per_step``/``flops_per_token`` (e.g. variable sequence
+        lengths). An exception in the body propagates unchanged; that step is not
+        reported (counted in ``failed``) and its time goes to the next step's
+        ``other``.
+        """
+        self._tokens = tokens
+        self._flops = flops
+        return self._ctx
+
+    def timed(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield ``iterable``'s items unchanged, timing each wait for the next one.
+
+        The time blocked in ``__next__`` is the next step's ``data`` phase. Exceptions
+        from the iterable are the user's and propagate; exhaustion ends cleanly.
+        """
+        it = iter(iterable)
+        clock = time.perf_counter
+        while True:
+            start = clock()
+            try:
+                item = next(it)
+            except StopIteration:
+                return
+            self._data += clock() - start
+            if self._mark is None:
+                self._mark = start
+            yield item
+
+    def watch_ddp(self, model: Any) -> bool:
+        """Time ``model``'s gradient all-reduce with a DDP communication hook.
+
+        Registers a hook that does what DDP does by default (divide each bucket by
+        the group size, all-reduce, average) and records when backward's last bucket
+        was ready and when each all-reduce completed. Returns whether the hook was
+        registered; without torch.distributed, for a model that is not
+        ``DistributedDataParallel``, or one that already has a comm hook, it warns
+        once and does nothing.
+        """
+        try:
+            torch = loaded_torch()
+            if torch is None:
+                self._warn_once("ddp", "stepscope: watch_ddp: torch is not imported; no comm")
+                return False
+            ddp_type = importlib.import_module("torch.nn.parallel").DistributedDataParallel
+            if not isinstance(model, ddp_type):
+                self._warn_once(
+                    "ddp",
+                    "stepscope: watch_ddp: %s is not DistributedDataParallel; no comm",
+                    type(model).__name__,
+                )
+                return False
+            if getattr(model, "_comm_hooks", None):
+                self._warn_once(
+                    "ddp", "stepscope: watch_ddp: the model already has a comm hook; no comm"
+                )
+                return False
+            hook: Callable[[Any, Any], Any] = lambda state, bucket: self._hook(state, bucket)  # noqa: E731
+            hook.__name__ = hook.__qualname__ = "stepscope_allreduce_hook"
+            model.register_comm_hook(state=model.process_group, hook=hook)
+            self._torch = torch
+            self._watching = True
+            return True
+        except Exception as err:
+            self._warn_once("ddp", "stepscope: watch_ddp failed, no comm timing: %r", err)
+            return False
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Send what is queued (waiting at most ``timeout`` s for a busy exporter) and
+        stop. CUDA steps whose events have not completed are dropped and counted.
+        Called at interpreter exit too (with a 0.2 s limit)."""
+        try:
+            self._drain(final=True)
+        except Exception as err:
+            self._warn_once("close", "stepscope: close: %r", err)
+        try:
+            self._sender.close(timeout)
+        except Exception as err:
+            self._warn_once("close", "stepscope: close: %r", err)
+
+    def __enter__(self) -> StepReporter:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the step ---------------------------------------------------------------
+
+    def _enter(self) -> None:
+        try:
+            if self._open:
+                self._warn_once("nested", "stepscope: step() entered twice; inner one ignored")
+                return
+            if not self._decided:
+                self._decide_device()
+            if self._watching:
+                self._comm.take()  # all-reduces outside a step belong to no step
+            if self._cuda:
+                if self.sync:
+                    self._torch.cuda.synchronize()
+                else:
+                    ev = self._event()
+                    ev.record()
+                    self._start_event = ev
+            now = time.perf_counter()
+            if self._mark is None:
+                self._mark = now
+            self._enter_at = now
+            self._open = True
+        except Exception as err:
+            self._open = False
+            self._warn_once("enter", "stepscope: step start failed: %r", err)
+
+    def _exit(self, ok: bool) -> None:
+        try:
+            if not self._open:
+                return
+            self._open = False
+            if not ok:
+                self.failed += 1
+                self._recycle(self._start_event)
+                self._start_event = None
+                self._comm.take()
+                return
+            if self._cuda and self.sync:
+                self._torch.cuda.synchronize()
+            end = time.perf_counter()
+            mark = self._mark if self._mark is not None else self._enter_at
+            gap = self._enter_at - mark
+            data = min(self._data, gap) if self._data > 0.0 else 0.0
+            self._mark = end
+            self._data = 0.0
+            tokens, flops = self._work()
+            number = self._next_number
+            warm = self._reported < self.warmup_steps
+            self._next_number += 1
+            self._reported += 1
+            comm_host, pairs = self._comm.take() if self._watching else (0.0, [])
+            if not self._cuda:
+                body = end - self._enter_at
+                self._send(number, warm, end - mark, data, body, comm_host, tokens, flops)
+                return
+            if self.sync:
+                body = end - self._enter_at
+                comm = comm_host + self._comm_seconds(pairs)
+                self._send(number, warm, end - mark, data, body, comm, tokens, flops)
+                return
+            ev = self._event()
+            ev.record()
+            self._pending.append(
+                _PendingStep(
+                    number, warm, tokens, flops, data, gap, self._prev_end,
+                    self._start_event, ev, pairs,
+                )
+            )  # fmt: skip
+            self._prev_end, self._start_event = ev, None
+            self._drain(final=False)
+        except Exception as err:
+            self._sender.dropped_here += 1
+            self._warn_once("exit", "stepscope: step end failed: %r", err)
+
+    def _work(self) -> tuple[int, float]:
+        """This step's tokens and FLOPs; a bad value becomes 0 and is counted."""
+        tokens = self._tokens
+        if type(tokens) is not int or tokens < 0:
+            tokens = self._coerce_tokens(tokens)
+        flops = self._flops
+        if flops is None:
+            if self.flops_per_step is not None:
+                return tokens, self.flops_per_step
+            if self.flops_per_token is not None:
+                return tokens, self.flops_per_token * tokens
+            return tokens, 0.0
+        try:
+            flops = float(flops)
+            if math.isfinite(flops) and flops >= 0.0:
+                return tokens, flops
+        except (TypeError, ValueError):
+            pass
+        self.invalid += 1
+        self._warn_once("flops", "stepscope: step(flops=%r) is not a number >= 0; sent 0", flops)
+        return tokens, 0.0
+
+    def _coerce_tokens(self, tokens: Any) -> int:
+        try:
+            if isinstance(tokens, bool):
+                value = -1
+            elif isinstance(tokens, float) and tokens.is_integer():
+                value = int(tokens)
+            else:
+                value = tokens.__index__()  # numpy / 0-d integer tensors
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                return value
+        except Exception:
+            pass
+        self.invalid += 1
+        self._warn_once("tokens", "stepscope: step(tokens=%r) is not an int >= 0; sent 0", tokens)
+        return 0
+
+    def _send(
+        self,
+        number: int,
+        warm: bool,
+        dur: float,
+        data: float,
+        body: float,
+        comm: float,
+        tokens: int,
+        flops: float,
+    ) -> None:
+        if not 0.0 < dur <= schema.MAX_STEP_SECONDS:
+            if dur <= 0.0:
+                dur = 1e-9  # clock granularity: an empty step
+            else:
+                self._sender.dropped_here += 1
+                return
+        comm = min(max(comm, 0.0), body)
+        if not flops < math.inf:  # inf or NaN from an overflowing product
+            flops = 0.0
+        self._sender.submit(
+            (number, warm, time.time(), dur, data, body - comm, comm, tokens, flops)
+        )
+
+    # -- CUDA -------------------------------------------------------------------
+
+    def _decide_device(self) -> None:
+        self._decided = True
+        torch = loaded_torch()
+        use = self._cuda_wanted
+        if use is None:
+            use = bool(
+                torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+            )
+        elif use and (torch is None or not torch.cuda.is_available()):
+            self._warn_once("cuda", "stepscope: cuda=True but torch has no CUDA; host timing")
+            use = False
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            # the rank's GPU, so the exporter can join the rank with its metrics
+            self.uuid = cuda_device_uuid(torch, torch.cuda.current_device())
+            self._encoder_holder[0] = self._make_encoder()
+        if use:
+            self._torch = torch
+            self._cuda = True
+
+    def _event(self) -> Any:
+        if self._events_free:
+            return self._events_free.pop()
+        return self._torch.cuda.Event(enable_timing=True)
+
+    def _recycle(self, *events: Any) -> None:
+        for ev in events:
+            if ev is not None:
+                self._events_free.append(ev)
+
+    def _comm_seconds(self, pairs: list[tuple[Any, list[Any]]]) -> float:
+        total = 0.0
+        for ready, dones in pairs:
+            latest = max((ready.elapsed_time(d) for d in dones), default=0.0)
+            total += max(0.0, latest) / 1000.0
+            self._recycle(ready, *dones)
+        return total
+
+    @staticmethod
+    def _complete(p: _PendingStep) -> bool:
+        if not p.end.query():
+            return False
+        return all(d.query() for _, dones in p.comm_pairs for d in dones)
+
+    def _drain(self, final: bool) -> None:
+        """Send every pending CUDA step whose end event has completed, in order."""
+        pending = self._pending
+        while pending:
+            p = pending[0]
+            if not self._complete(p):
+                if final or len(pending) > _MAX_PENDING:
+                    pending.popleft()
+                    self._sender.dropped_here += 1
+                    continue
+                return
+            pending.popleft()
+            body = p.start.elapsed_time(p.end) / 1000.0
+            if p.prev_end is None:
+                gap = p.gap_host
+            else:
+                gap = max(0.0, p.prev_end.elapsed_time(p.start) / 1000.0)
+            comm = self._comm_seconds(p.comm_pairs)
+            self._send(
+                p.number, p.warm, gap + body, min(p.data, gap), body, comm, p.tokens, p.flops
+            )
+            self._recycle(p.prev_end, p.start)
+
+    # -- DDP comm hook ----------------------------------------------------------
+
+    def _hook(self, process_group: Any, bucket: Any) -> Any:
+        """DDP's default all-reduce (divide, all-reduce, average), timed."""
+        dist: Any = importlib.import_module("torch.distributed")
+        group = process_group if process_group is not None else dist.group.WORLD
+        tensor = bucket.buffer()
+        tensor.div_(group.size())
+        cuda = tensor.is_cuda
+        comm = self._comm
+        try:
+            is_last = bucket.is_last()
+            with comm.lock:
+                if comm.launched and comm.launched == comm.completed and bucket.index() == 0:
+                    comm.fold()  # a second backward in the same step
+                comm.launched += 1
+                if is_last:
+                    if cuda:
+                        ev = self._event()
+                        ev.record()  # on the stream backward computed on
+                        comm.ready_event = ev
+                    else:
+                        comm.ready = time.perf_counter()
+        except Exception as err:
+            self._warn_once("hook", "stepscope: comm hook timing failed: %r", err)
+        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
+
+        def finished(f: Any) -> Any:
+            try:
+                if cuda:
+                    # Runs on a stream made to wait for the all-reduce: this event
+                    # completes when the all-reduce has, on the GPU.
+                    ev = self._event()
+                    ev.record()
+                    now = 0.0
+                else:
+                    now = time.perf_counter()
+                with comm.lock:
+                    if cuda:
+                        comm.done_events.append(ev)
+                    elif now > comm.done:
+                        comm.done = now
+                    comm.completed += 1
+                    if comm.completed == comm.launched and (
+                        comm.ready is not None or comm.ready_event is not None
+                    ):
+                        comm.fold()
+            except Exception as err:
+                self._warn_once("hook", "stepscope: comm hook timing failed: %r", err)
+            return f.value()[0]  # an all-reduce error is DDP's to raise
+
+        return fut.then(finished)
+
+    # -- helpers ----------------------------------------------------------------
+
+    def _make_encoder(self) -> StepEncoder:
+        return StepEncoder(
+            self.job, self.rank, self.local_rank, self.world_size, self.precision, self.uuid
+        )
+
+    def _warn_once(self, key: str, msg: str, *args: object) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.warning(msg, *args)
