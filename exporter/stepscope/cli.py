@@ -53,6 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     opt("scenario", "FILE", "YAML scenario scripting the simulated GPUs over time")
     opt("hostname", "NAME", "Hostname label (default $NODE_NAME, else this host's name)")
     opt("ingest", "URL", "training ingest socket (default unix:///run/stepscope/ingest.sock)")
+    opt("rank-expiry", "SECONDS", "forget a training rank silent this long (default 300)")
+    opt("mfu-window", "SECONDS", "window over which MFU is computed (default 30)")
+    opt("max-jobs", "N", "training jobs tracked per node; more are rejected (default 16)")
+    opt("max-ranks-per-job", "N", "ranks tracked per job; more are rejected (default 256)")
+    opt("max-label-length", "N", "longest accepted job name or GPU UUID (default 128)")
     opt("web-config", "FILE", "TLS / basic auth, Prometheus exporter-toolkit format")
     opt("log-level", "LEVEL", "debug, info, warning or error (default info)")
     return parser

@@ -8,15 +8,19 @@ naming the key, the value and where it came from.
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
 
 import yaml
+
+from stepscope.train.schema import PRECISIONS as _PRECISIONS
 
 
 class ConfigError(ValueError):
@@ -48,6 +52,14 @@ class Config:
     ingest: str = "unix:///run/stepscope/ingest.sock"
     web_config: Path | None = None
     log_level: str = "info"
+    rank_expiry: float = 300.0
+    mfu_window: float = 30.0
+    max_jobs: int = 16
+    max_ranks_per_job: int = 256
+    max_label_length: int = 128
+    peak_flops: Mapping[str, Mapping[str, float]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
     config_file: Path | None = None
 
     @property
@@ -131,6 +143,61 @@ def _parse_ingest(value: Any) -> str:
     raise ValueError("expected unix:///PATH or udp://HOST:PORT")
 
 
+def _count(lo: int, hi: int, what: str) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        if isinstance(value, bool):
+            raise ValueError(f"expected a number of {what}")
+        try:
+            n = int(str(value).strip())
+        except ValueError:
+            raise ValueError(f"expected a number of {what}") from None
+        if not lo <= n <= hi:
+            raise ValueError(f"must be between {lo} and {hi} {what}")
+        return n
+
+    return parse
+
+
+
+def _parse_peak_flops(value: Any) -> Mapping[str, Mapping[str, float]]:
+    """``{"NVIDIA Foo": {"bf16": 1.2e15}}``; a string (environment) is read as YAML."""
+    if isinstance(value, str):
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ValueError("expected a YAML/JSON mapping") from None
+    if value is None:
+        return MappingProxyType({})
+    if not isinstance(value, dict):
+        raise ValueError('expected a mapping {"NVML model name": {precision: FLOP/s}}')
+    table: dict[str, Mapping[str, float]] = {}
+    for model, figures in value.items():
+        if not isinstance(model, str) or not model.strip():
+            raise ValueError(f"model {model!r}: expected the exact NVML model name")
+        if not isinstance(figures, dict) or not figures:
+            raise ValueError(f"{model!r}: expected a mapping of precision to FLOP/s")
+        row: dict[str, float] = {}
+        for precision, flops in figures.items():
+            if precision not in _PRECISIONS:
+                raise ValueError(
+                    f"{model!r}: unknown precision {precision!r} "
+                    f"(expected {', '.join(_PRECISIONS)})"
+                )
+            try:
+                # YAML 1.1 reads 1.2e15 (no dot before e, no sign) as a string
+                v = float(flops) if not isinstance(flops, bool) else math.nan
+            except (TypeError, ValueError):
+                v = math.nan
+            if not 1e9 <= v <= 1e18:  # also rejects NaN
+                raise ValueError(
+                    f"{model!r} {precision}: expected dense FLOP/s per GPU between 1e9 and "
+                    f"1e18, got {flops!r}"
+                )
+            row[precision] = v
+        table[model] = MappingProxyType(row)
+    return MappingProxyType(table)
+
+
 def _parse_log_level(value: Any) -> str:
     text = str(value).strip().lower()
     if text not in ("debug", "info", "warning", "error"):
@@ -148,6 +215,12 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "ingest": _parse_ingest,
     "web_config": _parse_path,
     "log_level": _parse_log_level,
+    "rank_expiry": _seconds(1, 86400),
+    "mfu_window": _seconds(1, 600),
+    "max_jobs": _count(1, 1024, "jobs"),
+    "max_ranks_per_job": _count(1, 65536, "ranks"),
+    "max_label_length": _count(1, 128, "characters"),
+    "peak_flops": _parse_peak_flops,
 }
 
 SETTINGS: tuple[str, ...] = tuple(_PARSERS)

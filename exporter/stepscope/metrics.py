@@ -23,6 +23,7 @@ from stepscope.gpu.fields import (
 )
 from stepscope.gpu.model import GpuInfo
 from stepscope.snapshot import Snapshot
+from stepscope.training.metrics import training_families
 
 _SAMPLED = " Sampled by the exporter every interval, not at scrape time."
 
@@ -179,7 +180,8 @@ def exporter_families(snapshot: Snapshot) -> list[Family]:
         "stepscope_collect_errors_total",
         COUNTER,
         "Errors while sampling, by source (gpu: a getter failed; gpu_down: a GPU "
-        "stopped answering; events: the XID event read failed).",
+        "stopped answering; events: the XID event read failed; training: taking the "
+        "training view failed).",
     )
     for source, count in sorted(snapshot.collect_errors.items()):
         errors.add(label_string((("source", source),)), float(count))
@@ -204,4 +206,9 @@ def process_families() -> Iterable[Family]:
 
 def snapshot_families(snapshot: Snapshot, labels: LabelCache) -> list[Family]:
     """Every family served for ``snapshot``."""
-    return [*gpu_families(snapshot, labels), *exporter_families(snapshot), *process_families()]
+    return [
+        *gpu_families(snapshot, labels),
+        *training_families(snapshot),
+        *exporter_families(snapshot),
+        *process_families(),
+    ]

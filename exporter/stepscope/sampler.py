@@ -1,8 +1,10 @@
 """The sampler: reads every source on its own interval, off the event loop.
 
 Each pass reads the FAST tier of every GPU (and the SLOW tier when it is due),
-drains XID events, builds an immutable Snapshot, renders it once and swaps the
-reference that the web server serves. A scrape never touches NVML.
+drains XID events, takes the training source's immutable view (when there is one),
+builds an immutable Snapshot, renders it once and swaps the reference that the web
+server serves. A scrape never touches NVML. Sources never call each other: the
+sampler only gathers what each one gives.
 """
 
 from __future__ import annotations
@@ -12,12 +14,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from stepscope.exposition import render
 from stepscope.gpu.fields import SLOW_KEYS
 from stepscope.gpu.model import GpuBackend, GpuInfo, GpuState, GpuUnavailable, Tier
 from stepscope.metrics import LabelCache, snapshot_families
 from stepscope.snapshot import RenderedSnapshot, Snapshot
+from stepscope.training.aggregate import TrainingView
+from stepscope.training.peak_flops import DATASHEET_PEAKS, PeakTable
 
 log = logging.getLogger("stepscope.sampler")
 
@@ -56,6 +61,13 @@ class SamplerSettings:
     hostname: str
     interval: float
     slow_interval: float
+    peak_flops: PeakTable = DATASHEET_PEAKS
+
+
+class TrainingSource(Protocol):
+    """Anything that gives an immutable view of the training ranks (the Aggregator)."""
+
+    def view(self) -> TrainingView: ...
 
 
 class Sampler:
@@ -67,8 +79,10 @@ class Sampler:
         settings: SamplerSettings,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        training: TrainingSource | None = None,
     ) -> None:
         self._backend = backend
+        self._training = training
         self._settings = settings
         self._clock = clock
         self._wall = wall_clock
@@ -154,6 +168,16 @@ class Sampler:
             track.last_xid = ev.xid
             log.warning("GPU %d reported XID %d", ev.index, ev.xid)
 
+    def _read_training(self) -> TrainingView | None:
+        if self._training is None:
+            return None
+        try:
+            return self._training.view()
+        except Exception:  # a bug there must not cost the GPU metrics
+            self._count_error("training")
+            log.exception("reading the training view failed")
+            return None
+
     def sample_once(self) -> RenderedSnapshot:
         """Run one pass now, publish its snapshot and return it."""
         settings = self._settings
@@ -164,6 +188,7 @@ class Sampler:
         self._drain_events()
         for track in self._tracks:
             self._read_gpu(track, start, slow_due)
+        training = self._read_training()
         snapshot = Snapshot(
             timestamp=self._wall(),
             monotonic=self._clock(),
@@ -174,6 +199,8 @@ class Sampler:
             gpus=tuple(t.state() for t in self._tracks),
             collect_duration_seconds=self._clock() - start,
             collect_errors=dict(self._errors),
+            training=training,
+            peak_flops=settings.peak_flops,
         )
         rendered = RenderedSnapshot(snapshot, render(snapshot_families(snapshot, self._labels)))
         self._latest = rendered

@@ -1,8 +1,9 @@
 """``stepscope serve``: wire the backend, the sampler and the web server together.
 
-Lifecycle: build the backend (NVML, or simulated when asked), take the first
-snapshot before listening so the first scrape is never empty, serve until
-SIGTERM/SIGINT, reload the config file on SIGHUP.
+Lifecycle: build the backend (NVML, or simulated when asked), bind the training
+ingest (a failure there is a warning, not an exit), take the first snapshot before
+listening so the first scrape is never empty, serve until SIGTERM/SIGINT, reload the
+config file on SIGHUP.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from aiohttp import web
 from stepscope.config import Config, ConfigError, load
 from stepscope.gpu.model import GpuBackend
 from stepscope.sampler import Sampler, SamplerSettings
+from stepscope.training.aggregate import Aggregator, TrainingSettings
+from stepscope.training.datagram import Limits
+from stepscope.training.ingest import IngestListener
+from stepscope.training.peak_flops import DATASHEET_PEAKS
 from stepscope.web import make_app
 from stepscope.webconfig import load_web_config
 
@@ -44,7 +49,20 @@ def build_backend(cfg: Config) -> GpuBackend:
 
 
 def settings_of(cfg: Config) -> SamplerSettings:
-    return SamplerSettings(cfg.hostname, cfg.interval, cfg.slow_interval)
+    return SamplerSettings(
+        cfg.hostname,
+        cfg.interval,
+        cfg.slow_interval,
+        DATASHEET_PEAKS.with_overrides(cfg.peak_flops) if cfg.peak_flops else DATASHEET_PEAKS,
+    )
+
+
+def training_settings_of(cfg: Config) -> TrainingSettings:
+    return TrainingSettings(
+        limits=Limits(cfg.max_jobs, cfg.max_ranks_per_job, cfg.max_label_length),
+        mfu_window=cfg.mfu_window,
+        rank_expiry=cfg.rank_expiry,
+    )
 
 
 def configure_logging(level: str) -> None:
@@ -52,7 +70,9 @@ def configure_logging(level: str) -> None:
     logging.getLogger("stepscope").setLevel(level.upper())
 
 
-def reload_config(current: Config, flags: dict[str, Any], sampler: Sampler) -> Config:
+def reload_config(
+    current: Config, flags: dict[str, Any], sampler: Sampler, aggregator: Aggregator
+) -> Config:
     """Re-read file and environment; apply what can change live, keep the rest.
 
     A bad file on reload is logged and ignored: the running exporter keeps its
@@ -67,6 +87,7 @@ def reload_config(current: Config, flags: dict[str, Any], sampler: Sampler) -> C
         if getattr(new, key) != getattr(current, key):
             log.warning("reload: %s changed; it takes effect on restart", key)
     sampler.update(settings_of(new))
+    aggregator.update(training_settings_of(new))
     logging.getLogger("stepscope").setLevel(new.log_level.upper())
     log.info(
         "configuration reloaded (interval %g s, slow interval %g s, hostname %s)",
@@ -85,7 +106,11 @@ async def run_server(
 ) -> None:
     """Serve until SIGTERM/SIGINT. ``ready`` gets the bound address (tests, logs)."""
     web_cfg = load_web_config(cfg.web_config) if cfg.web_config else None
-    sampler = Sampler(backend, settings_of(cfg))
+    loop = asyncio.get_running_loop()
+    aggregator = Aggregator(training_settings_of(cfg))
+    ingest = IngestListener(cfg.ingest, aggregator)
+    ingest.start(loop)  # a failure is logged once and served as stepscope_ingest_up 0
+    sampler = Sampler(backend, settings_of(cfg), training=aggregator)
     await asyncio.to_thread(sampler.sample_once)  # first scrape is never empty
     sampler.start()
     app = make_app(sampler, middlewares=web_cfg.middlewares() if web_cfg else ())
@@ -100,12 +125,11 @@ async def run_server(
         reuse_address=True,
     )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     current = cfg
 
     def on_hup() -> None:
         nonlocal current
-        current = reload_config(current, flags, sampler)
+        current = reload_config(current, flags, sampler, aggregator)
 
     try:
         await site.start()
@@ -127,5 +151,6 @@ async def run_server(
         await stop.wait()
         log.info("stopping")
     finally:
+        ingest.close()
         await runner.cleanup()
         await asyncio.to_thread(sampler.stop)

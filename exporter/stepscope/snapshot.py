@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from stepscope.gpu.model import GpuState
+from stepscope.training.aggregate import TrainingView
+from stepscope.training.peak_flops import DATASHEET_PEAKS, PeakTable
 
 
 @dataclass(frozen=True)
@@ -19,6 +21,8 @@ class Snapshot:
 
     ``timestamp`` is wall-clock time (served), ``monotonic`` the monotonic time
     used for staleness. ``collect_errors`` are cumulative since start, by source.
+    ``training`` is the training ingest's view (None when the exporter runs without
+    one); ``peak_flops`` the peak table the MFU is computed with.
     """
 
     timestamp: float
@@ -30,6 +34,8 @@ class Snapshot:
     gpus: tuple[GpuState, ...] = ()
     collect_duration_seconds: float = 0.0
     collect_errors: Mapping[str, int] = field(default_factory=dict)
+    training: TrainingView | None = None
+    peak_flops: PeakTable = DATASHEET_PEAKS
 
     def age(self, now_monotonic: float) -> float:
         """Seconds since this snapshot was taken."""

@@ -1,0 +1,338 @@
+"""Per-(job, rank) aggregation of step records, and the immutable view the sampler takes.
+
+The ingest listener calls :meth:`Aggregator.add` on the event-loop thread for every
+valid datagram; the sampler thread calls :meth:`Aggregator.view` once per pass. Both
+hold one short lock: ``add`` is a few dictionary and float updates, ``view`` copies
+each rank into a frozen :class:`RankView` (a few microseconds per rank). Nothing
+that serves ever reads the mutable state.
+
+What is measured (see docs/ingest.md):
+
+- Warm-up steps count in ``steps`` and ``warmup_steps`` and move the last-step
+  timestamp, and nothing else: the step-time histogram, phase seconds, tokens,
+  FLOPs and MFU come from measured (non-warm-up) steps only.
+- Achieved FLOP/s over the MFU window: the FLOPs of the measured steps received in the
+  last ``mfu_window`` seconds, divided by the time from the first of those steps'
+  start to the last one's end (the SDK's clock). A rank that keeps stepping reads its
+  true rate from its first step on; one that stops reads 0 once its steps leave the
+  window. The window moves in whole seconds, so memory per rank is bounded.
+- A rank that sends nothing for ``rank_expiry`` seconds is forgotten: its series
+  disappear from the next snapshot; if it comes back its counters restart at 0.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from stepscope.training.datagram import REJECT_REASONS, Limits, StepRecord
+
+# Upper bounds (seconds) of the step-duration histogram, for training steps from
+# 10 ms (small models, inference-like loops) to 2 min (huge global batches, pipeline
+# flushes); denser around 0.1-2.5 s where most LLM and vision steps fall. +Inf is added.
+STEP_BUCKETS: tuple[float, ...] = (
+    0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)
+
+# How often a cap hit may trigger an expiry scan (a flood of new ranks beyond the cap
+# must not cost O(ranks) per datagram).
+_EXPIRY_SCAN_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """What the aggregator enforces; a SIGHUP reload may swap it."""
+
+    limits: Limits = field(default_factory=Limits)
+    mfu_window: float = 30.0
+    rank_expiry: float = 300.0
+
+
+@dataclass(frozen=True)
+class RankView:
+    """One rank as the latest snapshot saw it. Counters are since it was first seen.
+
+    ``bucket_counts`` are per bucket of :data:`STEP_BUCKETS` plus +Inf (not
+    cumulative). ``phase_seconds`` is (data_wait, compute, comm, other).
+    ``achieved_flops_per_second`` is None until a measured step was seen;
+    ``has_flops`` says whether any measured step reported FLOPs > 0.
+    """
+
+    job: str
+    rank: int
+    local_rank: int
+    uuid: str | None
+    pid: int | None
+    world_size: int | None
+    precision: str
+    steps: int
+    warmup_steps: int
+    step_seconds_sum: float
+    bucket_counts: tuple[int, ...]
+    phase_seconds: tuple[float, float, float, float]
+    tokens: int
+    flops: float
+    has_flops: bool
+    last_step_timestamp: float
+    sdk_dropped: int
+    achieved_flops_per_second: float | None
+
+    @property
+    def measured_steps(self) -> int:
+        """Steps that count for step time and MFU (not warm-up)."""
+        return self.steps - self.warmup_steps
+
+
+@dataclass(frozen=True)
+class TrainingView:
+    """The training side at one instant: ingest health and every live rank."""
+
+    ingest_up: bool
+    ingest_address: str
+    accepted: int
+    rejected: Mapping[str, int] = field(default_factory=dict)
+    ranks: tuple[RankView, ...] = ()
+    settings: TrainingSettings = field(default_factory=TrainingSettings)
+
+
+class _RankState:
+    """Mutable per-rank accumulators, only touched under the aggregator's lock."""
+
+    __slots__ = (
+        "buckets",
+        "comm",
+        "compute",
+        "data_wait",
+        "dropped",
+        "dur_sum",
+        "flops",
+        "has_flops",
+        "job",
+        "last_seen",
+        "last_t",
+        "local_rank",
+        "other",
+        "pid",
+        "precision",
+        "rank",
+        "steps",
+        "tokens",
+        "uuid",
+        "warmup_steps",
+        "window",
+        "world_size",
+    )
+
+    def __init__(self, job: str, rank: int) -> None:
+        self.job = job
+        self.rank = rank
+        self.local_rank = 0
+        self.uuid: str | None = None
+        self.pid: int | None = None
+        self.world_size: int | None = None
+        self.precision = "bf16"
+        self.steps = 0
+        self.warmup_steps = 0
+        self.dur_sum = 0.0
+        self.buckets = [0] * (len(STEP_BUCKETS) + 1)
+        self.data_wait = 0.0
+        self.compute = 0.0
+        self.comm = 0.0
+        self.other = 0.0
+        self.tokens = 0
+        self.flops = 0.0
+        self.has_flops = False
+        self.last_t = 0.0
+        self.last_seen = 0.0
+        self.dropped = 0
+        # [second, flops, first start, last end] per whole second of receive time
+        self.window: deque[list[float]] = deque()
+
+    def observe(self, rec: StepRecord, now: float, window: float) -> None:
+        self.last_seen = now
+        self.local_rank = rec.local_rank
+        self.uuid = rec.uuid
+        self.pid = rec.pid
+        self.world_size = rec.world_size
+        self.precision = rec.precision
+        self.dropped = rec.dropped
+        self.last_t = rec.t
+        self.steps += 1
+        if rec.warmup:
+            self.warmup_steps += 1
+            return
+        dur = rec.dur
+        self.buckets[bisect_left(STEP_BUCKETS, dur)] += 1
+        self.dur_sum += dur
+        self.data_wait += rec.data_wait
+        self.compute += rec.compute
+        self.comm += rec.comm
+        self.other += rec.other
+        self.tokens += rec.tokens
+        self.flops += rec.flops
+        # the SDK sends flops 0 when the job gave no FLOPs count: "none reported"
+        if rec.flops > 0:
+            self.has_flops = True
+        sec = float(int(now))
+        start = rec.t - dur
+        win = self.window
+        if win and win[-1][0] == sec:
+            b = win[-1]
+            b[1] += rec.flops
+            if start < b[2]:
+                b[2] = start
+            if rec.t > b[3]:
+                b[3] = rec.t
+        else:
+            win.append([sec, rec.flops, start, rec.t])
+            cutoff = now - window - 1.0
+            while win[0][0] < cutoff:
+                win.popleft()
+
+    def achieved(self, now: float, window: float) -> float | None:
+        win = self.window
+        cutoff = now - window - 1.0
+        while win and win[0][0] < cutoff:
+            win.popleft()
+        if not win:
+            return None if self.steps == self.warmup_steps else 0.0
+        flops = sum(b[1] for b in win)
+        span = max(b[3] for b in win) - min(b[2] for b in win)
+        return flops / span if span > 0 else None
+
+    def view(self, now: float, window: float) -> RankView:
+        return RankView(
+            job=self.job,
+            rank=self.rank,
+            local_rank=self.local_rank,
+            uuid=self.uuid,
+            pid=self.pid,
+            world_size=self.world_size,
+            precision=self.precision,
+            steps=self.steps,
+            warmup_steps=self.warmup_steps,
+            step_seconds_sum=self.dur_sum,
+            bucket_counts=tuple(self.buckets),
+            phase_seconds=(self.data_wait, self.compute, self.comm, self.other),
+            tokens=self.tokens,
+            flops=self.flops,
+            has_flops=self.has_flops,
+            last_step_timestamp=self.last_t,
+            sdk_dropped=self.dropped,
+            achieved_flops_per_second=self.achieved(now, window),
+        )
+
+
+class Aggregator:
+    """Every live rank's accumulators and the ingest counters, behind one lock.
+
+    ``clock`` is monotonic seconds (receive time, expiry and the MFU window).
+    """
+
+    def __init__(
+        self,
+        settings: TrainingSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._settings = settings or TrainingSettings()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ranks: dict[tuple[str, int], _RankState] = {}
+        self._ranks_per_job: dict[str, int] = {}
+        self._accepted = 0
+        self._rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self._listening: str | None = None
+        self._last_scan = float("-inf")
+
+    @property
+    def settings(self) -> TrainingSettings:
+        return self._settings
+
+    @property
+    def limits(self) -> Limits:
+        """The current limits (the listener validates datagrams against them)."""
+        return self._settings.limits
+
+    def update(self, settings: TrainingSettings) -> None:
+        """Apply reloaded settings: caps to new ranks, window and expiry to the next view."""
+        self._settings = settings
+
+    def set_listening(self, address: str | None) -> None:
+        """Record whether the ingest socket is bound (``stepscope_ingest_up``)."""
+        self._listening = address
+
+    def reject(self, reason: str) -> None:
+        """Count a datagram dropped before aggregation (reason from REJECT_REASONS)."""
+        with self._lock:
+            self._rejected[reason] += 1
+
+    def add(self, rec: StepRecord) -> str | None:
+        """Aggregate one valid record; returns the cap reason if it was dropped."""
+        now = self._clock()
+        settings = self._settings
+        with self._lock:
+            state = self._ranks.get((rec.job, rec.rank))
+            if state is None:
+                reason = self._admit(rec.job, now, settings)
+                if reason is not None:
+                    self._rejected[reason] += 1
+                    return reason
+                state = self._ranks[(rec.job, rec.rank)] = _RankState(rec.job, rec.rank)
+                self._ranks_per_job[rec.job] = self._ranks_per_job.get(rec.job, 0) + 1
+            state.observe(rec, now, settings.mfu_window)
+            self._accepted += 1
+        return None
+
+    def _admit(self, job: str, now: float, settings: TrainingSettings) -> str | None:
+        """Whether a new (job, rank) fits under the caps (expiring stale ranks first)."""
+        limits = settings.limits
+        for attempt in range(2):
+            n = self._ranks_per_job.get(job)
+            if n is None and len(self._ranks_per_job) >= limits.max_jobs:
+                reason: str | None = "cap_jobs"
+            elif n is not None and n >= limits.max_ranks_per_job:
+                reason = "cap_ranks"
+            else:
+                return None
+            if attempt or now - self._last_scan < _EXPIRY_SCAN_SECONDS:
+                return reason
+            self._last_scan = now
+            self._expire(now, settings.rank_expiry)
+        return reason  # pragma: no cover - the loop always returns
+
+    def _expire(self, now: float, expiry: float) -> None:
+        stale = [key for key, st in self._ranks.items() if now - st.last_seen > expiry]
+        for key in stale:
+            del self._ranks[key]
+            job = key[0]
+            left = self._ranks_per_job[job] - 1
+            if left:
+                self._ranks_per_job[job] = left
+            else:
+                del self._ranks_per_job[job]
+
+    def view(self) -> TrainingView:
+        """An immutable copy of the current state, expired ranks dropped first."""
+        now = self._clock()
+        settings = self._settings
+        with self._lock:
+            self._expire(now, settings.rank_expiry)
+            ranks = tuple(
+                self._ranks[key].view(now, settings.mfu_window) for key in sorted(self._ranks)
+            )
+            accepted = self._accepted
+            rejected = MappingProxyType(dict(self._rejected))
+        listening = self._listening
+        return TrainingView(
+            ingest_up=listening is not None,
+            ingest_address=listening or "",
+            accepted=accepted,
+            rejected=rejected,
+            ranks=ranks,
+            settings=settings,
+        )

@@ -1,0 +1,203 @@
+"""Map the training part of a Snapshot to metric families: pure functions.
+
+Per rank: labels ``job``, ``rank``, ``local_rank`` and the ``gpu``, ``UUID``,
+``modelName``, ``Hostname`` of the rank's GPU, joined by the UUID the rank reported
+(empty GPU labels when the rank has no GPU of this node; ``Hostname`` always set).
+Per GPU: ``stepscope_gpu_peak_flops`` for models in the peak table. Ingest health.
+"""
+
+from __future__ import annotations
+
+from stepscope.exposition import Family, join_labels, label_string
+from stepscope.gpu.fields import COUNTER, GAUGE
+from stepscope.gpu.model import GpuInfo
+from stepscope.snapshot import Snapshot
+from stepscope.train.schema import PHASES
+from stepscope.training.aggregate import STEP_BUCKETS, RankView
+from stepscope.training.mfu import rank_mfu
+from stepscope.training.peak_flops import PeakTable
+
+HISTOGRAM = "histogram"
+# le values as prometheus_client writes them ("0.5", "1.0", "+Inf")
+_LE = (*(label_string((("le", repr(float(b))),)) for b in STEP_BUCKETS), '{le="+Inf"}')
+_PHASE = tuple(label_string((("phase", p),)) for p in PHASES)
+_REPORTED = " Reported by the training ranks, aggregated by the exporter; warm-up steps excluded."
+
+
+def rank_labels(rank: RankView, gpu: GpuInfo | None, hostname: str) -> str:
+    """The label set on every per-rank series, rendered."""
+    return label_string(
+        (
+            ("job", rank.job),
+            ("rank", str(rank.rank)),
+            ("local_rank", str(rank.local_rank)),
+            ("gpu", str(gpu.index) if gpu else ""),
+            ("UUID", gpu.uuid if gpu else ""),
+            ("modelName", gpu.name if gpu else ""),
+            ("Hostname", hostname),
+        )
+    )
+
+
+def peak_flops_families(snapshot: Snapshot, peaks: PeakTable) -> list[Family]:
+    """``stepscope_gpu_peak_flops{precision}`` for every GPU whose model is in the table."""
+    fam = Family(
+        "stepscope_gpu_peak_flops",
+        GAUGE,
+        "Datasheet peak dense FLOP/s of this GPU model per precision (the MFU "
+        "denominator); absent for models not in the table.",
+    )
+    host = snapshot.hostname
+    for g in snapshot.gpus:
+        figures = peaks.figures(g.info.name)
+        if not figures:
+            continue
+        base = label_string(
+            (
+                ("gpu", str(g.info.index)),
+                ("UUID", g.info.uuid),
+                ("modelName", g.info.name),
+                ("Hostname", host),
+            )
+        )
+        for precision, value in sorted(figures.items()):
+            fam.add(join_labels(base, label_string((("precision", precision),))), value)
+    return [fam]
+
+
+def rank_families(snapshot: Snapshot, peaks: PeakTable) -> list[Family]:
+    """Every per-rank family for the ranks in ``snapshot.training``."""
+    view = snapshot.training
+    ranks = view.ranks if view is not None else ()
+    by_uuid = {g.info.uuid: g.info for g in snapshot.gpus}
+    duration = Family(
+        "stepscope_step_duration_seconds",
+        HISTOGRAM,
+        "Wall time of each optimizer step." + _REPORTED,
+    )
+    steps = Family(
+        "stepscope_steps_total",
+        COUNTER,
+        "Optimizer steps reported by the rank, warm-up steps included.",
+    )
+    warmup = Family(
+        "stepscope_warmup_steps_total",
+        COUNTER,
+        "Steps the rank reported as warm-up (kept out of step time, phases, tokens, "
+        "FLOPs and MFU).",
+    )
+    phases = Family(
+        "stepscope_step_phase_seconds_total",
+        COUNTER,
+        "Step time by phase: data_wait (waiting for the next batch), compute, comm "
+        "(exposed communication), other (the rest of the step)." + _REPORTED,
+    )
+    tokens = Family("stepscope_tokens_total", COUNTER, "Tokens processed by the rank." + _REPORTED)
+    flops = Family(
+        "stepscope_model_flops_total",
+        COUNTER,
+        "Model FLOPs of the rank, as the training job counts them." + _REPORTED,
+    )
+    mfu = Family(
+        "stepscope_mfu_ratio",
+        GAUGE,
+        "Model FLOPs utilization: the rank's achieved model FLOP/s over the MFU window "
+        "divided by its GPU's peak dense FLOP/s at its precision. Not clamped: above 1 "
+        "means the reported FLOPs or the peak is wrong (mfu_status on the info series).",
+    )
+    last = Family(
+        "stepscope_last_step_timestamp_seconds",
+        GAUGE,
+        "Unix time the rank's last step ended (a hung job stops moving it).",
+    )
+    dropped = Family(
+        "stepscope_sdk_dropped_datagrams_total",
+        COUNTER,
+        "Step reports the rank's SDK failed to send (exporter absent, socket full).",
+    )
+    info = Family(
+        "stepscope_training_rank_info",
+        GAUGE,
+        "Facts about a rank; the value is always 1. mfu_status says whether MFU is "
+        "exported and, if not, why.",
+    )
+    host = snapshot.hostname
+    for r in ranks:
+        gpu = by_uuid.get(r.uuid) if r.uuid else None
+        lbl = rank_labels(r, gpu, host)
+        measured = r.measured_steps
+        cumulative = 0
+        for le, count in zip(_LE, r.bucket_counts, strict=True):
+            cumulative += count
+            duration.add(join_labels(lbl, le), float(cumulative), "_bucket")
+        duration.add(lbl, r.step_seconds_sum, "_sum")
+        duration.add(lbl, float(measured), "_count")
+        steps.add(lbl, float(r.steps))
+        warmup.add(lbl, float(r.warmup_steps))
+        for phase, seconds in zip(_PHASE, r.phase_seconds, strict=True):
+            phases.add(join_labels(lbl, phase), seconds)
+        tokens.add(lbl, float(r.tokens))
+        flops.add(lbl, r.flops)
+        result = rank_mfu(r, gpu, peaks)
+        if result.value is not None:
+            mfu.add(lbl, result.value)
+        last.add(lbl, r.last_step_timestamp)
+        dropped.add(lbl, float(r.sdk_dropped))
+        info.add(
+            join_labels(
+                lbl,
+                label_string(
+                    (
+                        ("precision", r.precision),
+                        ("world_size", str(r.world_size) if r.world_size else ""),
+                        ("pid", str(r.pid) if r.pid is not None else ""),
+                        ("mfu_status", result.status),
+                    )
+                ),
+            ),
+            1.0,
+        )
+    return [duration, steps, warmup, phases, tokens, flops, mfu, last, dropped, info]
+
+
+def ingest_families(snapshot: Snapshot) -> list[Family]:
+    """The ingest's health: bound or not, datagrams accepted and rejected, ranks tracked."""
+    view = snapshot.training
+    if view is None:
+        return []
+    up = Family(
+        "stepscope_ingest_up",
+        GAUGE,
+        "Whether the training ingest socket is bound (1) or could not be set up (0).",
+    )
+    up.add("", 1.0 if view.ingest_up else 0.0)
+    accepted = Family(
+        "stepscope_ingest_datagrams_total",
+        COUNTER,
+        "Step datagrams accepted by the training ingest.",
+    )
+    accepted.add("", float(view.accepted))
+    rejected = Family(
+        "stepscope_ingest_rejected_total",
+        COUNTER,
+        "Datagrams dropped by the training ingest, by reason (see docs/ingest.md).",
+    )
+    for reason, count in view.rejected.items():
+        rejected.add(label_string((("reason", reason),)), float(count))
+    ranks = Family(
+        "stepscope_training_ranks",
+        GAUGE,
+        "Training ranks tracked on this node (ranks silent for rank_expiry are dropped).",
+    )
+    ranks.add("", float(len(view.ranks)))
+    return [up, accepted, rejected, ranks]
+
+
+def training_families(snapshot: Snapshot) -> list[Family]:
+    """Every training-related family for ``snapshot``."""
+    peaks = snapshot.peak_flops
+    return [
+        *peak_flops_families(snapshot, peaks),
+        *rank_families(snapshot, peaks),
+        *ingest_families(snapshot),
+    ]

@@ -1,0 +1,203 @@
+"""Aggregation per (job, rank): counters, histogram, warm-up, MFU window, caps, expiry."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from stepscope.training.aggregate import STEP_BUCKETS, Aggregator, TrainingSettings
+from stepscope.training.datagram import Limits, StepRecord
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 5000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def record(**changes: Any) -> StepRecord:
+    fields: dict[str, Any] = dict(
+        job="job", rank=0, local_rank=0, step=0, t=1000.0, dur=1.0, data_wait=0.2,
+        compute=0.5, comm=0.2, other=0.1, warmup=False, tokens=100, flops=1e12,
+        precision="bf16", world_size=2, pid=7, uuid="GPU-a", dropped=0,
+    )
+    fields.update(changes)
+    return StepRecord(**fields)
+
+
+def make(**settings: Any) -> tuple[Aggregator, FakeClock]:
+    clock = FakeClock()
+    return Aggregator(TrainingSettings(**settings), clock=clock), clock
+
+
+def test_counters_sum_phases_tokens_and_flops_of_measured_steps() -> None:
+    agg, _ = make()
+    for i in range(3):
+        agg.add(record(step=i, t=1000.0 + i))
+    agg.add(record(step=3, t=1003.0, dur=0.5, data_wait=0.5, compute=0.0, comm=0.0, other=0.0))
+    (r,) = agg.view().ranks
+    assert (r.steps, r.warmup_steps, r.measured_steps) == (4, 0, 4)
+    assert r.step_seconds_sum == pytest.approx(3.5)
+    assert r.phase_seconds == pytest.approx((1.1, 1.5, 0.6, 0.3))
+    assert sum(r.phase_seconds) == pytest.approx(r.step_seconds_sum)
+    assert r.tokens == 400 and r.flops == pytest.approx(4e12)
+    assert r.last_step_timestamp == 1003.0
+
+
+def test_warmup_steps_count_as_steps_but_not_in_time_phases_tokens_flops_or_mfu() -> None:
+    agg, _ = make()
+    agg.add(record(step=0, warmup=True, dur=30.0, data_wait=0.0, compute=30.0, comm=0.0,
+                   other=0.0, t=990.0))
+    (r,) = agg.view().ranks
+    assert (r.steps, r.warmup_steps) == (1, 1)
+    assert r.step_seconds_sum == 0 and sum(r.bucket_counts) == 0
+    assert r.tokens == 0 and r.flops == 0 and r.phase_seconds == (0, 0, 0, 0)
+    assert r.achieved_flops_per_second is None  # no measured step yet: no MFU
+    assert r.last_step_timestamp == 990.0  # a warm-up step still shows the job is alive
+    agg.add(record(step=1, t=1000.0))
+    (r,) = agg.view().ranks
+    assert (r.steps, r.warmup_steps, r.measured_steps) == (2, 1, 1)
+    assert r.achieved_flops_per_second == pytest.approx(1e12)
+
+
+def test_histogram_buckets_are_upper_inclusive_with_overflow_in_inf() -> None:
+    agg, _ = make()
+    for dur in (0.005, 0.01, 0.011, 1.0, 119.0, 500.0):
+        agg.add(record(dur=dur, data_wait=0.0, compute=0.0, comm=0.0, other=dur))
+    (r,) = agg.view().ranks
+    counts = dict(zip([*STEP_BUCKETS, float("inf")], r.bucket_counts, strict=True))
+    assert counts[0.01] == 2  # 0.005 and exactly 0.01 (le is inclusive)
+    assert counts[0.025] == 1 and counts[1.0] == 1 and counts[120.0] == 1
+    assert counts[float("inf")] == 1
+    assert sum(r.bucket_counts) == 6
+
+
+def test_mfu_window_rate_is_flops_over_the_steps_span_and_zero_once_steps_leave() -> None:
+    agg, clock = make(mfu_window=30.0)
+    # 10 steps of 0.5 s back to back, each 5e11 FLOPs: 1e12 FLOP/s
+    for i in range(10):
+        agg.add(record(step=i, t=1000.0 + 0.5 * (i + 1), dur=0.5, flops=5e11))
+        clock.t += 0.5
+    (r,) = agg.view().ranks
+    assert r.achieved_flops_per_second == pytest.approx(1e12)
+    # a checkpoint pause of 5 s between steps lowers the rate: it counts in the span
+    clock.t += 5.0
+    agg.add(record(step=10, t=1010.5, dur=0.5, flops=5e11))
+    (r,) = agg.view().ranks
+    assert r.achieved_flops_per_second == pytest.approx(5.5e12 / 10.5)
+    # the job stops: once its steps are older than the window, the rate is 0 (not stale)
+    clock.t += 32.0
+    (r,) = agg.view().ranks
+    assert r.achieved_flops_per_second == 0.0
+    assert r.flops == pytest.approx(5.5e12)  # totals stay
+
+
+def test_window_keeps_only_recent_steps() -> None:
+    agg, clock = make(mfu_window=10.0)
+    agg.add(record(t=1000.0, dur=1.0, flops=100e12))  # a fast old step
+    clock.t += 20.0
+    for i in range(5):
+        agg.add(record(t=1020.0 + i, dur=1.0, flops=1e12))
+        clock.t += 1.0
+    (r,) = agg.view().ranks
+    assert r.achieved_flops_per_second == pytest.approx(1e12)
+
+
+def test_caps_reject_new_jobs_and_ranks_but_keep_existing_ones() -> None:
+    agg, _ = make(limits=Limits(max_jobs=2, max_ranks_per_job=3))
+    for job in ("a", "b"):
+        for rank in range(3):
+            assert agg.add(record(job=job, rank=rank)) is None
+    assert agg.add(record(job="c", rank=0)) == "cap_jobs"
+    assert agg.add(record(job="a", rank=3)) == "cap_ranks"
+    assert agg.add(record(job="a", rank=2)) is None  # known ranks keep reporting
+    view = agg.view()
+    assert len(view.ranks) == 6 and view.accepted == 7
+    assert view.rejected["cap_jobs"] == 1 and view.rejected["cap_ranks"] == 1
+
+
+def test_silent_ranks_expire_and_free_their_cap_slot() -> None:
+    agg, clock = make(rank_expiry=60.0, limits=Limits(max_jobs=1))
+    agg.add(record(job="old", rank=0))
+    agg.add(record(job="old", rank=1))
+    clock.t += 30.0
+    agg.add(record(job="old", rank=1))
+    assert agg.add(record(job="new")) == "cap_jobs"
+    clock.t += 45.0  # rank 0 silent 75 s, rank 1 silent 45 s
+    assert [(r.job, r.rank) for r in agg.view().ranks] == [("old", 1)]
+    clock.t += 20.0
+    assert agg.view().ranks == ()
+    assert agg.add(record(job="new")) is None  # the job's slot is free again
+    (r,) = agg.view().ranks
+    assert r.job == "new" and r.steps == 1
+
+
+def test_a_cap_hit_expires_stale_ranks_before_rejecting() -> None:
+    agg, clock = make(rank_expiry=10.0, limits=Limits(max_ranks_per_job=1))
+    agg.add(record(rank=0))
+    clock.t += 11.0
+    assert agg.add(record(rank=1)) is None  # rank 0 expired on the cap hit
+    assert [r.rank for r in agg.view().ranks] == [1]
+
+
+def test_latest_facts_win_and_sdk_dropped_is_the_latest_count() -> None:
+    agg, _ = make()
+    agg.add(record(local_rank=0, pid=1, dropped=3, precision="bf16"))
+    agg.add(record(local_rank=0, pid=2, dropped=5, precision="fp8", uuid="GPU-b"))
+    (r,) = agg.view().ranks
+    assert (r.pid, r.sdk_dropped, r.precision, r.uuid) == (2, 5, "fp8", "GPU-b")
+
+
+def test_settings_reload_applies_to_the_next_view() -> None:
+    agg, clock = make(rank_expiry=300.0)
+    agg.add(record())
+    clock.t += 100.0
+    assert len(agg.view().ranks) == 1
+    agg.update(TrainingSettings(rank_expiry=50.0))
+    assert agg.view().ranks == ()
+
+
+def test_views_are_immutable_snapshots_while_ingest_continues() -> None:
+    agg, _ = make()
+    agg.add(record())
+    before = agg.view()
+    agg.add(record())
+    assert before.ranks[0].steps == 1 and agg.view().ranks[0].steps == 2
+    with pytest.raises(AttributeError):
+        before.ranks[0].steps = 5  # type: ignore[misc]
+
+
+def test_concurrent_ingest_and_views_lose_nothing() -> None:
+    agg = Aggregator()
+    n = 20_000
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            view = agg.view()
+            assert all(r.steps >= r.warmup_steps for r in view.ranks)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        rec = record()
+        for _ in range(n):
+            agg.add(rec)
+    finally:
+        done.set()
+        sampler.join()
+    assert agg.view().accepted == n and agg.view().ranks[0].steps == n
+
+
+def test_a_job_that_reports_zero_flops_has_no_flops_rather_than_zero_mfu() -> None:
+    agg, _ = make()
+    agg.add(record(flops=0.0))  # the SDK sends 0 when the job gave no FLOPs count
+    (r,) = agg.view().ranks
+    assert not r.has_flops
+    agg.add(record(flops=1e12))
+    (r,) = agg.view().ranks
+    assert r.has_flops

@@ -1,0 +1,68 @@
+"""Training settings: defaults, sources and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stepscope.config import ConfigError, load
+from stepscope.serve import settings_of, training_settings_of
+
+
+def test_training_defaults_are_the_documented_ones() -> None:
+    cfg = load({}, env={"NODE_NAME": "n"})
+    assert (cfg.rank_expiry, cfg.mfu_window) == (300.0, 30.0)
+    assert (cfg.max_jobs, cfg.max_ranks_per_job, cfg.max_label_length) == (16, 256, 128)
+    assert dict(cfg.peak_flops) == {}
+    ts = training_settings_of(cfg)
+    assert ts.limits.max_jobs == 16 and ts.rank_expiry == 300.0 and ts.mfu_window == 30.0
+
+
+def test_training_settings_from_flags_env_and_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "rank_expiry: 120\nmax_jobs: 4\n"
+        "peak_flops:\n  NVIDIA Foo:\n    bf16: 1.2e15\n    fp8: 2.4e+15\n"
+    )
+    env = {"STEPSCOPE_MFU_WINDOW": "10", "STEPSCOPE_MAX_JOBS": "8"}
+    cfg = load({"config": str(f), "max_ranks_per_job": "64"}, env=env)
+    assert cfg.rank_expiry == 120 and cfg.mfu_window == 10
+    assert cfg.max_jobs == 8 and cfg.max_ranks_per_job == 64
+    # YAML 1.1 reads 1.2e15 as a string; it is still a number of FLOP/s
+    assert cfg.peak_flops["NVIDIA Foo"] == {"bf16": 1.2e15, "fp8": 2.4e15}
+    table = settings_of(cfg).peak_flops
+    assert table.lookup("NVIDIA Foo", "bf16") == 1.2e15
+    assert table.lookup("NVIDIA H200", "bf16") == pytest.approx(989.4e12)
+
+
+def test_peak_flops_from_the_environment_as_json() -> None:
+    cfg = load({}, env={"STEPSCOPE_PEAK_FLOPS": '{"NVIDIA Foo": {"bf16": 1.2e15}}'})
+    assert cfg.peak_flops["NVIDIA Foo"]["bf16"] == 1.2e15
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "message"),
+    [
+        ({"rank_expiry": "0"}, {}, "rank_expiry: must be between 1 and 86400 seconds"),
+        ({"mfu_window": "1000"}, {}, "mfu_window: must be between 1 and 600 seconds"),
+        ({"max_jobs": "0"}, {}, "max_jobs: must be between 1 and 1024 jobs, got '0'"),
+        ({"max_ranks_per_job": "many"}, {}, "max_ranks_per_job: expected a number of ranks"),
+        ({"max_label_length": "129"}, {}, "max_label_length: must be between 1 and 128"),
+        ({}, {"STEPSCOPE_PEAK_FLOPS": "[1, 2]"}, "peak_flops: expected a mapping"),
+        ({}, {"STEPSCOPE_PEAK_FLOPS": '{"NVIDIA Foo": {"bf17": 1e15}}'},
+         "peak_flops: 'NVIDIA Foo': unknown precision 'bf17'"),
+        ({}, {"STEPSCOPE_PEAK_FLOPS": '{"NVIDIA Foo": {"bf16": "fast"}}'},
+         "peak_flops: 'NVIDIA Foo' bf16: expected dense FLOP/s per GPU"),
+        ({}, {"STEPSCOPE_PEAK_FLOPS": '{"NVIDIA Foo": {"bf16": 1e21}}'},
+         "between 1e9 and 1e18"),
+        ({}, {"STEPSCOPE_PEAK_FLOPS": '{"NVIDIA Foo": {}}'},
+         "'NVIDIA Foo': expected a mapping of precision to FLOP/s"),
+    ],
+)
+def test_bad_training_values_name_the_key(
+    flags: dict[str, str], env: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(flags, env=env)
+    assert message in str(err.value)
