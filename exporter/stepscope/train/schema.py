@@ -49,7 +49,7 @@ MAX_STEP_SECONDS = 86400.0
 MAX_LABEL_LENGTH = 128
 # Label values we accept from a training process: printable, no quotes or
 # backslashes, no whitespace: safe in every exposition and PromQL selector.
-LABEL_VALUE_RE = re.compile(r"^[A-Za-z0-9_.:/@+=-]{1,128}$")
+LABEL_VALUE_RE = re.compile(r"\A[A-Za-z0-9_.:/@+=-]{1,128}\Z")
 PRECISIONS = ("bf16", "fp16", "tf32", "fp32", "fp8")
 PHASES = ("data_wait", "compute", "comm", "other")
 
