@@ -418,3 +418,113 @@ def test_transformer_flops_per_token_is_palm_appendix_b() -> None:
         transformer_flops_per_token(0, 12, 12, 64, 1024)
     with pytest.raises(TypeError, match="seq_len"):
         transformer_flops_per_token(1, 12, 12, 64, 1024.0)  # type: ignore[arg-type]
+
+
+class FakeGpu:
+    """torch's CUDA surface as the reporter uses it, on a clock the test drives.
+
+    CI has no GPU: this twin checks the CUDA-event arithmetic and the lazy, never
+    blocking read. Each recorded event takes the next time from ``times`` (ms on the
+    GPU's clock); an event has completed once ``done_until`` reaches its time.
+    """
+
+    def __init__(self, times: list[float]) -> None:
+        self.times = list(times)
+        self.done_until = -1.0
+        self.synchronized = 0
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                assert enable_timing
+                self.t: float | None = None
+
+            def record(self) -> None:
+                self.t = gpu.times.pop(0)
+
+            def query(self) -> bool:
+                return self.t is not None and self.t <= gpu.done_until
+
+            def elapsed_time(self, end: Event) -> float:
+                assert self.query() and end.query(), "read before completion"
+                assert self.t is not None and end.t is not None
+                return end.t - self.t
+
+        class Props:
+            uuid = "2f5a1c3e-0000-1111-2222-333344445555"
+
+        class Cuda:
+            Event = None
+
+            @staticmethod
+            def is_available() -> bool:
+                return True
+
+            @staticmethod
+            def is_initialized() -> bool:
+                return True
+
+            @staticmethod
+            def current_device() -> int:
+                return 0
+
+            @staticmethod
+            def get_device_properties(device: int) -> Props:
+                return Props()
+
+            @staticmethod
+            def synchronize() -> None:
+                gpu.synchronized += 1
+
+        Cuda.Event = Event  # type: ignore[assignment,misc]
+        self.module = type(sys)("torch")
+        self.module.cuda = Cuda  # type: ignore[attr-defined]
+
+
+def test_cuda_steps_are_gpu_time_read_a_step_later_without_blocking(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GPU clock (ms): step 0 runs 0-40; the GPU then idles 10 ms waiting for the
+    # host (slow loader); step 1 runs 50-90; step 2 90-130, its loader hidden.
+    gpu = FakeGpu([0, 40, 50, 90, 90, 130])
+    monkeypatch.setitem(sys.modules, "torch", gpu.module)
+
+    def loader() -> Iterator[int]:
+        yield 0
+        time.sleep(0.02)  # the workload: 20 ms host wait, of which the GPU saw 10
+        yield 1
+        yield 2
+
+    rep = StepReporter("j", ingest=receiver.url, warmup_steps=0)
+    receiver.sock.settimeout(0.3)
+    for i in rep.timed(loader()):
+        with rep.step(tokens=1):
+            pass
+        if i == 0:
+            with pytest.raises(TimeoutError):  # step 0's events have not completed
+                receiver.sock.recv(4096)
+        gpu.done_until = 40 if i == 0 else 90  # the GPU catches up
+    s0, s1 = receiver.take(2)  # each read when the next step ended
+    rep.close()  # step 2's events never completed: dropped, not waited for
+    assert gpu.synchronized == 0  # nothing blocked
+    assert rep.dropped == 1
+    assert s0["uuid"] == s1["uuid"] == "GPU-2f5a1c3e-0000-1111-2222-333344445555"
+    assert s0["step"] == 0 and s0["compute"] == pytest.approx(0.040)
+    assert s1["step"] == 1
+    assert s1["dur"] == pytest.approx(0.050)
+    assert s1["data"] == pytest.approx(0.010)  # what the GPU waited, not the host's 20 ms
+    assert s1["compute"] == pytest.approx(0.040)
+
+
+def test_cuda_sync_mode_synchronizes_and_sends_each_step_at_once(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gpu = FakeGpu([])
+    monkeypatch.setitem(sys.modules, "torch", gpu.module)
+    rep = StepReporter("j", ingest=receiver.url, sync=True)
+    run_steps(rep, 2)
+    got = receiver.take(2)
+    rep.close()
+    assert gpu.synchronized == 4  # entering and leaving each step
+    assert [d["step"] for d in got] == [0, 1]
+    assert all(d["uuid"].startswith("GPU-") for d in got)
