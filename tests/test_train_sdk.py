@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -450,8 +451,14 @@ class FakeGpu:
                 assert self.t is not None and end.t is not None
                 return end.t - self.t
 
+        class CUuuid:  # torch._C._CUuuid: 16 raw bytes, prints without "GPU-"
+            bytes = uuid.UUID("2f5a1c3e-0000-1111-2222-333344445555").bytes
+
+            def __str__(self) -> str:
+                return "2f5a1c3e-0000-1111-2222-333344445555"
+
         class Props:
-            uuid = "2f5a1c3e-0000-1111-2222-333344445555"
+            uuid = CUuuid()
 
         class Cuda:
             Event = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -96,10 +97,14 @@ def cuda_device_uuid(torch: Any, device: int) -> str | None:
     so dcgm-exporter's ``UUID`` label) prefixes it with ``GPU-`` (``MIG-`` for a MIG
     instance, which CUDA reports already prefixed on some versions)."""
     try:
-        raw = str(torch.cuda.get_device_properties(device).uuid)
+        cu = torch.cuda.get_device_properties(device).uuid
     except Exception as err:  # old torch without .uuid, or a driver error
         log.debug("stepscope: no GPU UUID for device %s: %s", device, err)
         return None
+    try:  # the 16 raw bytes (CUuuid.bytes), independent of how str() prints them
+        raw = str(uuid.UUID(bytes=bytes(cu.bytes)))
+    except Exception:
+        raw = str(cu)
     if raw.startswith(("GPU-", "MIG-")):
         return raw
     return "GPU-" + raw
