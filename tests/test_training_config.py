@@ -13,10 +13,10 @@ from stepscope.serve import settings_of, training_settings_of
 def test_training_defaults_are_the_documented_ones() -> None:
     cfg = load({}, env={"NODE_NAME": "n"})
     assert (cfg.rank_expiry, cfg.mfu_window) == (300.0, 30.0)
-    assert (cfg.max_jobs, cfg.max_ranks_per_job, cfg.max_label_length) == (16, 256, 128)
+    assert (cfg.max_jobs, cfg.max_ranks_per_job, cfg.max_label_length) == (8, 64, 128)
     assert dict(cfg.peak_flops) == {}
     ts = training_settings_of(cfg)
-    assert ts.limits.max_jobs == 16 and ts.rank_expiry == 300.0 and ts.mfu_window == 30.0
+    assert ts.limits.max_jobs == 8 and ts.rank_expiry == 300.0 and ts.mfu_window == 30.0
 
 
 def test_training_settings_from_flags_env_and_file(tmp_path: Path) -> None:

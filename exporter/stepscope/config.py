@@ -54,8 +54,8 @@ class Config:
     log_level: str = "info"
     rank_expiry: float = 300.0
     mfu_window: float = 30.0
-    max_jobs: int = 16
-    max_ranks_per_job: int = 256
+    max_jobs: int = 8
+    max_ranks_per_job: int = 64
     max_label_length: int = 128
     peak_flops: Mapping[str, Mapping[str, float]] = field(
         default_factory=lambda: MappingProxyType({})

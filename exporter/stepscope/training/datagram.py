@@ -66,8 +66,8 @@ class Limits:
     ``max_jobs`` and ``max_ranks_per_job`` are enforced by the aggregator.
     """
 
-    max_jobs: int = 16
-    max_ranks_per_job: int = 256
+    max_jobs: int = 8
+    max_ranks_per_job: int = 64
     max_label_length: int = MAX_LABEL_LENGTH
 
 
