@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
 from stepscope.train.schema import PRECISIONS as _PRECISIONS
 
 
@@ -60,6 +61,7 @@ class Config:
     peak_flops: Mapping[str, Mapping[str, float]] = field(
         default_factory=lambda: MappingProxyType({})
     )
+    diagnosis: Thresholds = field(default_factory=Thresholds)
     config_file: Path | None = None
 
     @property
@@ -221,6 +223,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "max_ranks_per_job": _count(1, 65536, "ranks"),
     "max_label_length": _count(1, 128, "characters"),
     "peak_flops": _parse_peak_flops,
+    "diagnosis": parse_thresholds,
 }
 
 SETTINGS: tuple[str, ...] = tuple(_PARSERS)

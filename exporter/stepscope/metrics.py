@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from prometheus_client.process_collector import ProcessCollector
 
 from stepscope import __version__
+from stepscope.diagnose.metrics import diagnosis_families
 from stepscope.exposition import Family, from_client_metric, join_labels, label_string
 from stepscope.gpu.fields import (
     CLOCK_EVENT_DURATION_KEYS,
@@ -22,6 +23,8 @@ from stepscope.gpu.fields import (
     GAUGE,
 )
 from stepscope.gpu.model import GpuInfo
+from stepscope.host.metrics import host_families
+from stepscope.net.metrics import rdma_families
 from stepscope.snapshot import Snapshot
 from stepscope.training.metrics import training_families
 
@@ -209,6 +212,9 @@ def snapshot_families(snapshot: Snapshot, labels: LabelCache) -> list[Family]:
     return [
         *gpu_families(snapshot, labels),
         *training_families(snapshot),
+        *host_families(snapshot),
+        *rdma_families(snapshot),
+        *diagnosis_families(snapshot),
         *exporter_families(snapshot),
         *process_families(),
     ]

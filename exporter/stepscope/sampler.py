@@ -12,14 +12,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from stepscope.diagnose.engine import diagnose
+from stepscope.diagnose.thresholds import Thresholds
+from stepscope.diagnose.window import SnapshotWindow
 from stepscope.exposition import render
 from stepscope.gpu.fields import SLOW_KEYS
 from stepscope.gpu.model import GpuBackend, GpuInfo, GpuState, GpuUnavailable, Tier
+from stepscope.host.model import HostReading
 from stepscope.metrics import LabelCache, snapshot_families
+from stepscope.net.rdma import RdmaPort
 from stepscope.snapshot import RenderedSnapshot, Snapshot
 from stepscope.training.aggregate import TrainingView
 from stepscope.training.peak_flops import DATASHEET_PEAKS, PeakTable
@@ -62,6 +67,13 @@ class SamplerSettings:
     interval: float
     slow_interval: float
     peak_flops: PeakTable = DATASHEET_PEAKS
+    diagnosis: Thresholds = field(default_factory=Thresholds)
+
+
+class HostSource(Protocol):
+    """Anything that reads the host for the given training pids (host.source.HostSource)."""
+
+    def read(self, pids: Iterable[int] = ()) -> HostReading: ...
 
 
 class TrainingSource(Protocol):
@@ -80,9 +92,14 @@ class Sampler:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         training: TrainingSource | None = None,
+        host: HostSource | None = None,
+        rdma: Callable[[], tuple[RdmaPort, ...]] | None = None,
     ) -> None:
         self._backend = backend
         self._training = training
+        self._host = host
+        self._rdma = rdma
+        self._window = SnapshotWindow()
         self._settings = settings
         self._clock = clock
         self._wall = wall_clock
@@ -178,6 +195,38 @@ class Sampler:
             log.exception("reading the training view failed")
             return None
 
+    def _read_host(self, training: TrainingView | None) -> HostReading | None:
+        if self._host is None:
+            return None
+        pids = {r.pid for r in training.ranks if r.pid} if training else set()
+        try:
+            return self._host.read(pids)
+        except Exception:  # the host side must not cost the GPU metrics
+            self._count_error("host")
+            log.exception("reading the host failed")
+            return None
+
+    def _read_rdma(self) -> tuple[RdmaPort, ...]:
+        if self._rdma is None:
+            return ()
+        try:
+            return self._rdma()
+        except Exception:
+            self._count_error("net")
+            log.exception("reading RDMA counters failed")
+            return ()
+
+    def _diagnose(self, snapshot: Snapshot) -> Snapshot:
+        """The snapshot with the verdicts over the window that ends at it."""
+        thresholds = self._settings.diagnosis
+        window = self._window.push(snapshot, thresholds.window)
+        try:
+            return replace(snapshot, diagnosis=diagnose(window, thresholds))
+        except Exception:  # a rule bug must not cost the metrics
+            self._count_error("diagnosis")
+            log.exception("diagnosis failed")
+            return snapshot
+
     def sample_once(self) -> RenderedSnapshot:
         """Run one pass now, publish its snapshot and return it."""
         settings = self._settings
@@ -189,6 +238,8 @@ class Sampler:
         for track in self._tracks:
             self._read_gpu(track, start, slow_due)
         training = self._read_training()
+        host = self._read_host(training)
+        rdma = self._read_rdma()
         snapshot = Snapshot(
             timestamp=self._wall(),
             monotonic=self._clock(),
@@ -201,7 +252,10 @@ class Sampler:
             collect_errors=dict(self._errors),
             training=training,
             peak_flops=settings.peak_flops,
+            host=host,
+            rdma=rdma,
         )
+        snapshot = self._diagnose(snapshot)
         rendered = RenderedSnapshot(snapshot, render(snapshot_families(snapshot, self._labels)))
         self._latest = rendered
         self.passes += 1

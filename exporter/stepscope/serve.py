@@ -18,6 +18,8 @@ from aiohttp import web
 
 from stepscope.config import Config, ConfigError, load
 from stepscope.gpu.model import GpuBackend
+from stepscope.host.source import HostSource
+from stepscope.net.rdma import read_rdma_ports
 from stepscope.sampler import Sampler, SamplerSettings
 from stepscope.training.aggregate import Aggregator, TrainingSettings
 from stepscope.training.datagram import Limits
@@ -54,6 +56,7 @@ def settings_of(cfg: Config) -> SamplerSettings:
         cfg.interval,
         cfg.slow_interval,
         DATASHEET_PEAKS.with_overrides(cfg.peak_flops) if cfg.peak_flops else DATASHEET_PEAKS,
+        diagnosis=cfg.diagnosis,
     )
 
 
@@ -110,7 +113,9 @@ async def run_server(
     aggregator = Aggregator(training_settings_of(cfg))
     ingest = IngestListener(cfg.ingest, aggregator)
     ingest.start(loop)  # a failure is logged once and served as stepscope_ingest_up 0
-    sampler = Sampler(backend, settings_of(cfg), training=aggregator)
+    sampler = Sampler(
+        backend, settings_of(cfg), training=aggregator, host=HostSource(), rdma=read_rdma_ports
+    )
     await asyncio.to_thread(sampler.sample_once)  # first scrape is never empty
     sampler.start()
     app = make_app(sampler, middlewares=web_cfg.middlewares() if web_cfg else ())

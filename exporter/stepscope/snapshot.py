@@ -10,7 +10,10 @@ import gzip
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stepscope.diagnose.model import Diagnosis
 from stepscope.gpu.model import GpuState
+from stepscope.host.model import HostReading
+from stepscope.net.rdma import RdmaPort
 from stepscope.training.aggregate import TrainingView
 from stepscope.training.peak_flops import DATASHEET_PEAKS, PeakTable
 
@@ -36,6 +39,11 @@ class Snapshot:
     collect_errors: Mapping[str, int] = field(default_factory=dict)
     training: TrainingView | None = None
     peak_flops: PeakTable = DATASHEET_PEAKS
+    # host and RDMA readings (None / () where not read), and the verdicts over the
+    # window ending at this snapshot (set by the sampler once the snapshot is built)
+    host: HostReading | None = None
+    rdma: tuple[RdmaPort, ...] = ()
+    diagnosis: Diagnosis | None = None
 
     def age(self, now_monotonic: float) -> float:
         """Seconds since this snapshot was taken."""

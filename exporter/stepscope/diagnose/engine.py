@@ -1,0 +1,533 @@
+"""The verdict rules: pure functions over a window of Snapshots.
+
+For each training rank of the newest snapshot, the window's first and last view of
+the rank give the measured steps and the seconds of each phase (data_wait, compute,
+comm, other) in between; the rank's GPU (joined by UUID) and the host give the
+evidence that tells the causes apart. A GPU that no rank reported gets a verdict from
+its own signals. docs/diagnosis.md states every rule; the thresholds are
+:class:`~stepscope.diagnose.thresholds.Thresholds`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from stepscope.diagnose.advice import advice_for
+from stepscope.diagnose.model import Diagnosis, Subject, Verdict
+from stepscope.diagnose.thresholds import Thresholds
+from stepscope.gpu.model import GpuInfo, GpuState
+from stepscope.host.model import HostReading, ProcessReading
+from stepscope.snapshot import Snapshot
+from stepscope.training.aggregate import RankView
+from stepscope.training.mfu import rank_mfu
+
+_THERMAL_BITS = 0x020 | 0x040  # sw / hw thermal slowdown
+_POWER_BITS = 0x004 | 0x080  # sw power cap, hw power brake
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def _pct(v: float | None) -> str:
+    return "n/a" if v is None else f"{100 * v:.0f}%"
+
+
+def _num(v: float | None, fmt: str = ".2f") -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+# ---------------------------------------------------------------- GPU evidence
+
+
+@dataclass(frozen=True)
+class GpuWindow:
+    """One GPU's signals averaged over the window (None: not measured)."""
+
+    info: GpuInfo
+    up: bool
+    sm_active: float | None
+    gpu_util: float | None
+    occupancy: float | None
+    tensor: float | None
+    fp32: float | None
+    thermal_share: float
+    power_share: float
+    series: dict[str, tuple[float | None, ...]]
+
+
+def _event_share(
+    states: Sequence[GpuState], bits: int, counter: str, span: float
+) -> float:
+    """Share of the window under these clock events: the bitmask, or the counter's rise."""
+    masks = [s.values.get("clocks_event_reasons") for s in states]
+    known = [m for m in masks if m is not None]
+    by_mask = sum(1 for m in known if int(m) & bits) / len(known) if known else 0.0
+    counts = [s.values[counter] for s in states if counter in s.values]
+    by_counter = 0.0
+    if len(counts) >= 2 and span > 0:
+        by_counter = max(0.0, counts[-1] - counts[0]) / 1e9 / span
+    return max(by_mask, min(1.0, by_counter))
+
+
+def gpu_window(uuid: str, window: Sequence[Snapshot]) -> GpuWindow | None:
+    """The GPU ``uuid`` over the window, or None if the newest snapshot lacks it."""
+    if all(g.info.uuid != uuid for g in window[-1].gpus):
+        return None
+    states = [g for s in window for g in s.gpus if g.info.uuid == uuid]
+    latest = states[-1]
+    live = [g for g in states if g.up]
+    span = window[-1].monotonic - window[0].monotonic
+
+    def series(key: str) -> tuple[float | None, ...]:
+        return tuple(g.values.get(key) for g in live)
+
+    sm = series("sm_active")
+    util = series("gpu_util")
+    return GpuWindow(
+        info=latest.info,
+        up=latest.up,
+        sm_active=_mean(sm),
+        gpu_util=_mean(util),
+        occupancy=_mean(series("sm_occupancy")),
+        tensor=_mean(series("pipe_tensor_active")),
+        fp32=_mean(series("pipe_fp32_active")),
+        thermal_share=_event_share(live, _THERMAL_BITS, "thermal_violation", span),
+        power_share=_event_share(live, _POWER_BITS, "power_violation", span),
+        series={"sm_active": sm, "gpu_util": util},
+    )
+
+
+def _compute_modifiers(gpu: GpuWindow | None, th: Thresholds) -> tuple[list[str], list[str]]:
+    """Modifiers of a compute verdict, with their evidence."""
+    mods: list[str] = []
+    ev: list[str] = []
+    if gpu is None:
+        return mods, ev
+    fp32, tensor, occ, sm = gpu.fp32, gpu.tensor, gpu.occupancy, gpu.sm_active
+    if fp32 is not None and tensor is not None and fp32 >= th.fp32_active > 0 and (
+        tensor < th.tensor_idle
+    ):
+        mods.append("fp32_no_tensor")
+        ev.append(f"FP32 pipe {_pct(fp32)} active while tensor pipes {_pct(tensor)}")
+    if occ is not None and sm is not None and sm >= th.sm_active_busy and (
+        occ < th.low_occupancy
+    ):
+        mods.append("low_occupancy")
+        ev.append(f"SM occupancy {_pct(occ)} while SM active {_pct(sm)}")
+    if gpu.thermal_share >= th.throttle_share:
+        mods.append("thermal_throttle")
+        ev.append(f"thermal slowdown {_pct(gpu.thermal_share)} of the window")
+    if gpu.power_share >= th.throttle_share:
+        mods.append("power_cap")
+        ev.append(f"power capping {_pct(gpu.power_share)} of the window")
+    return mods, ev
+
+
+def _gpu_signals(gpu: GpuWindow | None) -> dict[str, float | None]:
+    if gpu is None:
+        return {}
+    return {
+        "sm_active": gpu.sm_active,
+        "gpu_util": gpu.gpu_util,
+        "sm_occupancy": gpu.occupancy,
+        "tensor_active": gpu.tensor,
+        "fp32_active": gpu.fp32,
+        "thermal_share": gpu.thermal_share,
+        "power_share": gpu.power_share,
+    }
+
+
+def _gpu_evidence(gpu: GpuWindow | None) -> list[str]:
+    if gpu is None:
+        return []
+    return [
+        f"GPU {gpu.info.index}: SM active {_pct(gpu.sm_active)}, util "
+        f"{_num(gpu.gpu_util, '.0f')}%, occupancy {_pct(gpu.occupancy)}"
+    ]
+
+
+def _gpu_idle(gpu: GpuWindow, th: Thresholds) -> bool:
+    return (
+        gpu.gpu_util is not None
+        and gpu.gpu_util < th.idle_gpu_util
+        and (gpu.sm_active is None or gpu.sm_active < th.idle_sm_active)
+    )
+
+
+def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
+    """A GPU no rank reported: what its own signals can honestly say."""
+    subject = Subject(gpu=gpu.info.index, uuid=gpu.info.uuid, model=gpu.info.name)
+    signals = _gpu_signals(gpu)
+    ev = _gpu_evidence(gpu)
+
+    def verdict(kind: str, mods: Sequence[str] = (), why: Sequence[str] = ()) -> Verdict:
+        return Verdict(
+            subject,
+            kind,
+            tuple(mods),
+            advice_for(kind, tuple(mods)),
+            tuple([*ev, *why]),
+            signals,
+            gpu.series,
+        )
+
+    if not gpu.up:
+        return verdict("unknown", why=["the GPU is down (stopped answering NVML)"])
+    if gpu.gpu_util is None:
+        return verdict("unknown", why=["no utilization reading in the window"])
+    if _gpu_idle(gpu, th):
+        return verdict("idle", why=["no kernel ran and no training rank reports"])
+    if gpu.sm_active is None:
+        return verdict(
+            "unknown",
+            why=[
+                "no SM activity (GPM profiling unsupported): utilization alone cannot "
+                "tell computing from a kernel spinning in a collective"
+            ],
+        )
+    if gpu.sm_active >= th.sm_active_busy:
+        mods, why = _compute_modifiers(gpu, th)
+        return verdict("compute", mods, why)
+    return verdict(
+        "unknown",
+        why=[
+            f"the SMs are busy only {_pct(gpu.sm_active)} of the time and no training rank "
+            "reports steps: report steps with stepscope.train to tell data from "
+            "communication"
+        ],
+    )
+
+
+# ---------------------------------------------------------------- rank evidence
+
+
+@dataclass(frozen=True)
+class RankWindow:
+    """One rank's steps and phase seconds over the window."""
+
+    view: RankView
+    steps: int  # measured steps in the window
+    all_steps: int  # warm-up included
+    dur: float
+    phases: tuple[float, float, float, float]
+    series: dict[str, tuple[float | None, ...]]
+
+    def share(self, i: int) -> float:
+        return self.phases[i] / self.dur if self.dur > 0 else 0.0
+
+    def per_step(self, i: int) -> float:
+        return self.phases[i] / self.steps if self.steps else 0.0
+
+
+def rank_window(key: tuple[str, int], window: Sequence[Snapshot]) -> RankWindow | None:
+    """The rank's change over the window (from its last restart), None if absent now."""
+    views: list[RankView] = []
+    for snap in window:
+        for r in snap.training.ranks if snap.training else ():
+            if (r.job, r.rank) == key:
+                if views and r.steps < views[-1].steps:  # restarted: counters from 0
+                    views.clear()
+                views.append(r)
+    if not views:
+        return None
+    last = views[-1]
+    newest = window[-1].training
+    if newest is None or all((r.job, r.rank) != key for r in newest.ranks):
+        return None
+    first = views[0]
+    hist: dict[str, list[float | None]] = {
+        "step_seconds": [], "data_wait": [], "compute": [], "comm": [], "other": []
+    }  # fmt: skip
+    for a, b in itertools.pairwise(views):
+        n = b.measured_steps - a.measured_steps
+        d = b.step_seconds_sum - a.step_seconds_sum
+        hist["step_seconds"].append(d / n if n > 0 else None)
+        for i, name in enumerate(("data_wait", "compute", "comm", "other")):
+            p = b.phase_seconds[i] - a.phase_seconds[i]
+            hist[name].append(p / d if n > 0 and d > 0 else None)
+    return RankWindow(
+        view=last,
+        steps=last.measured_steps - first.measured_steps,
+        all_steps=last.steps - first.steps,
+        dur=last.step_seconds_sum - first.step_seconds_sum,
+        phases=(
+            last.phase_seconds[0] - first.phase_seconds[0],
+            last.phase_seconds[1] - first.phase_seconds[1],
+            last.phase_seconds[2] - first.phase_seconds[2],
+            last.phase_seconds[3] - first.phase_seconds[3],
+        ),
+        series={k: tuple(v) for k, v in hist.items()},
+    )
+
+
+@dataclass(frozen=True)
+class HostWindow:
+    """Host signals over the window, and the rank's process if it could be read."""
+
+    cpu_count: int
+    busy: float | None
+    iowait: float | None
+    cpu_pressure: float | None
+    io_pressure: float | None
+    process: ProcessReading | None  # mean over the window's readings of the pid
+
+
+def host_window(pid: int | None, window: Sequence[Snapshot]) -> HostWindow | None:
+    readings: list[HostReading] = [s.host for s in window if s.host is not None]
+    if not readings:
+        return None
+    # the first reading of a pid has no CPU baseline yet: skip it
+    procs = [h.processes[pid] for h in readings if pid is not None and pid in h.processes]
+    procs = procs[1:] if len(procs) > 1 else procs
+    process = None
+    if procs and pid is not None:
+        process = ProcessReading(
+            pid,
+            sum(p.cpu_cores for p in procs) / len(procs),
+            round(sum(p.workers for p in procs) / len(procs)),
+            sum(p.workers_cpu_cores for p in procs) / len(procs),
+        )
+    # the first reading's CPU figures are since boot: skip it when there are others
+    recent = readings[1:] if len(readings) > 1 else readings
+    return HostWindow(
+        cpu_count=readings[-1].cpu_count,
+        busy=_mean([h.busy for h in recent]),
+        iowait=_mean([h.iowait for h in recent]),
+        cpu_pressure=_mean([h.cpu_pressure.some_avg10 if h.cpu_pressure else None for h in recent]),
+        io_pressure=_mean([h.io_pressure.some_avg10 if h.io_pressure else None for h in recent]),
+        process=process,
+    )
+
+
+def _input_verdict(host: HostWindow | None, th: Thresholds) -> tuple[str, list[str]]:
+    """input_cpu / input_io / input, with the evidence that decided it."""
+    if host is None:
+        return "input", ["no host readings: CPU and storage could not be checked"]
+    proc = host.process
+    ev = [
+        f"host CPUs {_pct(host.busy)} busy, iowait {_pct(host.iowait)}, IO pressure "
+        f"{_pct(host.io_pressure)}"
+    ]
+    io_stalled = (host.io_pressure is not None and host.io_pressure >= th.io_pressure) or (
+        host.iowait is not None and host.iowait >= th.iowait
+    )
+    if proc is None:
+        if io_stalled:
+            return "input_io", [*ev, "storage stalls (IO pressure / iowait high)"]
+        return "input", [
+            *ev,
+            "the rank's process is not visible (another PID namespace?): loader workers "
+            "unknown, so CPU saturation is not claimed",
+        ]
+    ev.append(
+        f"{proc.workers} DataLoader worker(s) using {proc.workers_cpu_cores:.2f} cores, "
+        f"main process {proc.cpu_cores:.2f} cores"
+    )
+    per_worker = proc.workers_cpu_cores / proc.workers if proc.workers else 0.0
+    saturated = host.busy is not None and host.busy >= th.cpu_saturated
+    if proc.workers and per_worker >= th.worker_busy and saturated:
+        return "input_cpu", [*ev, "the workers are CPU-bound and the CPUs have no headroom"]
+    if io_stalled:
+        return "input_io", [*ev, "storage stalls (IO pressure / iowait high)"]
+    if proc.workers and per_worker < th.worker_blocked:
+        return "input_io", [
+            *ev,
+            f"workers use only {per_worker:.2f} cores each while the rank waits: they are "
+            "blocked reading data, not computing",
+        ]
+    if not proc.workers:
+        return "input", [*ev, "the batches are made in the training process (num_workers=0)"]
+    return "input", [*ev, "the workers are CPU-bound but CPUs are free for more of them"]
+
+
+def _rdma_rate(window: Sequence[Snapshot]) -> tuple[int, float | None]:
+    """(RDMA ports, bytes/s through all of them over the window)."""
+    first, last = window[0], window[-1]
+    span = last.monotonic - first.monotonic
+    if not last.rdma or span <= 0:
+        return len(last.rdma), None
+    before = {(p.device, p.port): p.bytes_total for p in first.rdma}
+    moved = sum(
+        max(0.0, p.bytes_total - before[(p.device, p.port)])
+        for p in last.rdma
+        if (p.device, p.port) in before
+    )
+    return len(last.rdma), moved / span
+
+
+def rank_verdict(
+    rw: RankWindow,
+    gpu: GpuWindow | None,
+    host: HostWindow | None,
+    peers: Sequence[RankWindow],
+    window: Sequence[Snapshot],
+    th: Thresholds,
+) -> Verdict:
+    """One rank's verdict (rules in docs/diagnosis.md, in this order)."""
+    r = rw.view
+    latest = window[-1]
+    subject = Subject(
+        job=r.job,
+        rank=r.rank,
+        local_rank=r.local_rank,
+        gpu=gpu.info.index if gpu else None,
+        uuid=gpu.info.uuid if gpu else "",
+        model=gpu.info.name if gpu else "",
+    )
+    mfu = rank_mfu(r, gpu.info if gpu else None, latest.peak_flops).value
+    shares = [rw.share(i) for i in range(4)]
+    signals: dict[str, float | None] = {
+        **_gpu_signals(gpu),
+        "steps": float(rw.steps),
+        "step_seconds": rw.dur / rw.steps if rw.steps else None,
+        "data_wait_share": shares[0] if rw.steps else None,
+        "compute_share": shares[1] if rw.steps else None,
+        "comm_share": shares[2] if rw.steps else None,
+        "other_share": shares[3] if rw.steps else None,
+        "mfu": mfu,
+    }
+    if host is not None:
+        signals.update(
+            cpu_busy=host.busy,
+            iowait=host.iowait,
+            io_pressure=host.io_pressure,
+            cpu_pressure=host.cpu_pressure,
+        )
+        if host.process is not None:
+            signals.update(
+                dataloader_workers=float(host.process.workers),
+                dataloader_cpu_cores=host.process.workers_cpu_cores,
+                main_cpu_cores=host.process.cpu_cores,
+            )
+    history = {**rw.series, **(gpu.series if gpu else {})}
+    ev: list[str] = []
+    if rw.steps:
+        ev.append(
+            f"{rw.steps} steps of {rw.dur / rw.steps:.3f} s: data_wait {_pct(shares[0])}, "
+            f"compute {_pct(shares[1])}, comm {_pct(shares[2])}, other {_pct(shares[3])}"
+        )
+    ev += _gpu_evidence(gpu)
+
+    def verdict(kind: str, mods: Sequence[str] = (), why: Sequence[str] = ()) -> Verdict:
+        return Verdict(
+            subject,
+            kind,
+            tuple(mods),
+            advice_for(kind, tuple(mods)),
+            tuple([*ev, *why]),
+            signals,
+            history,
+        )
+
+    if rw.steps < th.min_steps:
+        if rw.all_steps == 0:
+            if gpu is None or _gpu_idle(gpu, th):
+                return verdict("idle", why=["no step completed in the window"])
+            return verdict(
+                "unknown",
+                why=["no step completed in the window while the GPU is busy: a step "
+                     "longer than the window, or a hang"],
+            )  # fmt: skip
+        return verdict(
+            "unknown",
+            why=[f"only {rw.steps} measured step(s) in the window (need {th.min_steps}); "
+                 "warm-up or very long steps"],
+        )  # fmt: skip
+    data, compute, comm, other = shares
+    if data >= th.input_share and data >= comm:
+        kind, why = _input_verdict(host, th)
+        return verdict(kind, why=why)
+    if comm >= th.comm_share:
+        return _comm_verdict(rw, peers, window, th, verdict)
+    if compute >= other:
+        mods, why = _compute_modifiers(gpu, th)
+        if gpu is not None and gpu.sm_active is not None and gpu.sm_active < th.sm_active_busy:
+            why.append(
+                f"compute dominates the step but SM active is only {_pct(gpu.sm_active)}: "
+                "small kernels or host-bound launches"
+            )
+        return verdict("compute", mods, why)
+    return verdict(
+        "unknown",
+        why=[f"most of the step ({_pct(other)}) is outside the timed loader and step body: "
+             "logging, evaluation, checkpoints, or an untimed loader"],
+    )  # fmt: skip
+
+
+def _comm_verdict(
+    rw: RankWindow,
+    peers: Sequence[RankWindow],
+    window: Sequence[Snapshot],
+    th: Thresholds,
+    verdict: Callable[..., Verdict],
+) -> Verdict:
+    r = rw.view
+    ours_comm = rw.per_step(2)
+    ours_compute = rw.per_step(1)
+    slow = [p for p in peers if p.steps >= th.min_steps]
+    if slow:
+        worst = max(slow, key=lambda p: p.per_step(1))
+        excess = worst.per_step(1) - ours_compute
+        if excess > 0 and excess >= th.peer_excess * ours_comm:
+            return verdict(
+                "waiting_on_peer",
+                why=[
+                    f"rank {worst.view.rank} computes {worst.per_step(1):.3f} s per step, "
+                    f"{excess:.3f} s more than this rank, which waits {ours_comm:.3f} s per "
+                    "step in all-reduce"
+                ],
+            )
+    why = [f"exposed communication {ours_comm:.3f} s per step"]
+    mods: list[str] = []
+    local = 1 + len(peers)
+    if r.world_size is not None and r.world_size > local:
+        ports, rate = _rdma_rate(window)
+        if ports == 0:
+            mods.append("tcp_suspected")
+            why.append(
+                f"the job has {r.world_size} ranks, {local} on this node, and this node has "
+                "no RDMA device: inter-node traffic goes over TCP"
+            )
+        elif rate is not None and rate < th.rdma_flat_bytes_per_second:
+            mods.append("tcp_suspected")
+            why.append(
+                f"the job spans nodes ({r.world_size} ranks, {local} here) yet the {ports} "
+                f"RDMA port(s) moved only {rate:.0f} B/s while steps advanced"
+            )
+    return verdict("communication", mods, why)
+
+
+def diagnose(window: Sequence[Snapshot], th: Thresholds) -> Diagnosis:
+    """Every verdict for the newest snapshot of ``window`` (oldest first)."""
+    if not window:
+        return Diagnosis(0.0, 0)
+    latest = window[-1]
+    span = latest.monotonic - window[0].monotonic
+    verdicts: list[Verdict] = []
+    ranks = latest.training.ranks if latest.training else ()
+    windows = {
+        (r.job, r.rank): rw
+        for r in ranks
+        if (rw := rank_window((r.job, r.rank), window)) is not None
+    }
+    claimed: set[str] = set()
+    for key, rw in windows.items():
+        uuid = rw.view.uuid
+        gpu = gpu_window(uuid, window) if uuid else None
+        if gpu is not None:
+            claimed.add(gpu.info.uuid)
+        peers = [p for k, p in windows.items() if k[0] == key[0] and k != key]
+        host = host_window(rw.view.pid, window)
+        verdicts.append(rank_verdict(rw, gpu, host, peers, window, th))
+    for g in latest.gpus:
+        if g.info.uuid in claimed:
+            continue
+        gw = gpu_window(g.info.uuid, window)
+        if gw is not None:
+            verdicts.append(gpu_verdict(gw, th))
+    return Diagnosis(span, len(window), tuple(verdicts))
+

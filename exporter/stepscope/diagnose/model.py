@@ -1,0 +1,94 @@
+"""The verdicts' plain data. Pure, no imports from the rest of the exporter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# Verdict kinds, in the order they are served (one-hot ``stepscope_bottleneck{kind}``).
+KINDS: tuple[str, ...] = (
+    "compute",
+    "input_cpu",
+    "input_io",
+    "input",
+    "communication",
+    "waiting_on_peer",
+    "idle",
+    "unknown",
+)
+# Qualifiers of a verdict (``stepscope_bottleneck_modifier{modifier}``).
+MODIFIERS: tuple[str, ...] = (
+    "fp32_no_tensor",
+    "low_occupancy",
+    "thermal_throttle",
+    "power_cap",
+    "tcp_suspected",
+)
+# Kinds that mean "time is leaking": `stepscope diagnose` exits 1 on one of these,
+# or on a thermally throttled GPU (the classic straggler).
+BOTTLENECK_KINDS: frozenset[str] = frozenset(
+    {"input_cpu", "input_io", "input", "communication", "waiting_on_peer"}
+)
+ALERT_MODIFIERS: frozenset[str] = frozenset({"thermal_throttle", "tcp_suspected"})
+
+
+@dataclass(frozen=True)
+class Subject:
+    """Who a verdict is about: a training rank (with its GPU, if any) or a GPU alone."""
+
+    job: str = ""
+    rank: int | None = None
+    local_rank: int | None = None
+    gpu: int | None = None
+    uuid: str = ""
+    model: str = ""
+
+    @property
+    def name(self) -> str:
+        """``job/rank 3 (gpu 3)`` or ``gpu 3``: for reports."""
+        gpu = f"gpu {self.gpu}" if self.gpu is not None else ""
+        if self.rank is None:
+            return gpu or "?"
+        return f"{self.job}/rank {self.rank}" + (f" ({gpu})" if gpu else "")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One subject's verdict over the window.
+
+    ``evidence``: the observations it rests on, one sentence each. ``signals``: the
+    numbers (None where unknown): GPU activity, step time and phase shares, MFU, host
+    figures. ``history``: per-sample series for charts (``step_seconds``, phase
+    shares, ``sm_active``, ``gpu_util``), oldest first, bounded by the window.
+    """
+
+    subject: Subject
+    kind: str
+    modifiers: tuple[str, ...] = ()
+    advice: str = ""
+    evidence: tuple[str, ...] = ()
+    signals: Mapping[str, float | None] = field(default_factory=dict)
+    history: Mapping[str, tuple[float | None, ...]] = field(default_factory=dict)
+
+    @property
+    def bottleneck(self) -> bool:
+        """Whether this verdict says time is leaking (exit status 1 of ``diagnose``)."""
+        return self.kind in BOTTLENECK_KINDS or bool(ALERT_MODIFIERS & set(self.modifiers))
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Every verdict of one pass. ``window_seconds``: the time the window spans."""
+
+    window_seconds: float
+    samples: int
+    verdicts: tuple[Verdict, ...] = ()
+
+    @property
+    def status(self) -> str:
+        """``bottleneck``, ``healthy`` or ``unknown`` (nothing to tell from)."""
+        if any(v.bottleneck for v in self.verdicts):
+            return "bottleneck"
+        if not self.verdicts or all(v.kind == "unknown" for v in self.verdicts):
+            return "unknown"
+        return "healthy"

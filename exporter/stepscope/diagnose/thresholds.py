@@ -1,0 +1,83 @@
+"""The diagnosis thresholds: one frozen object, defaults documented in docs/diagnosis.md.
+
+Set in the config file under ``diagnosis:`` (or ``STEPSCOPE_DIAGNOSIS`` as YAML/JSON):
+
+    diagnosis: {window: 60, input_share: 0.3}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Every number a verdict rule compares against. Shares and ratios are 0-1."""
+
+    window: float = 30.0  # seconds of snapshots a verdict looks back over
+    min_steps: int = 3  # measured steps in the window before a rank gets a verdict
+    input_share: float = 0.25  # data_wait share of step time: input is the bottleneck
+    comm_share: float = 0.25  # exposed comm share of step time: communication
+    sm_active_busy: float = 0.5  # a GPU without a rank at/above this SM active computes
+    idle_gpu_util: float = 5.0  # percent: a GPU below this (and idle SMs) is idle
+    idle_sm_active: float = 0.05
+    cpu_saturated: float = 0.85  # all-CPU busy share: no headroom for more workers
+    worker_busy: float = 0.6  # cores per DataLoader worker: the workers are CPU-bound
+    worker_blocked: float = 0.25  # cores per worker below which they wait (on I/O)
+    io_pressure: float = 0.2  # PSI io "some" avg10 share: storage stalls
+    iowait: float = 0.2  # share of CPU time in iowait
+    fp32_active: float = 0.3  # FP32 pipe at/above this ...
+    tensor_idle: float = 0.05  # ... with tensor pipes below this: fp32_no_tensor
+    low_occupancy: float = 0.3  # SM occupancy below this while the SMs are busy
+    throttle_share: float = 0.2  # share of the window under thermal / power clock events
+    peer_excess: float = 0.5  # a peer computes longer by this share of our comm: waiting
+    rdma_flat_bytes_per_second: float = 1e6  # RDMA traffic below this counts as flat
+
+
+_RANGES: dict[str, tuple[float, float]] = {
+    "window": (2.0, 3600.0),
+    "min_steps": (1, 100000),
+    "idle_gpu_util": (0.0, 100.0),
+    "peer_excess": (0.0, 100.0),
+    "rdma_flat_bytes_per_second": (0.0, 1e12),
+}
+
+
+def parse_thresholds(value: Any) -> Thresholds:
+    """A mapping of threshold name to number -> Thresholds; ValueError names the bad key."""
+    if value is None:
+        return Thresholds()
+    if isinstance(value, Thresholds):
+        return value
+    if isinstance(value, str):
+        import yaml
+
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise ValueError("expected a YAML/JSON mapping") from None
+        if value is None:
+            return Thresholds()
+    if not isinstance(value, Mapping):
+        raise ValueError("expected a mapping of threshold name to number")
+    fields = {f.name: f for f in dataclasses.fields(Thresholds)}
+    out: dict[str, Any] = {}
+    for key, raw in value.items():
+        name = str(key).replace("-", "_")
+        if name not in fields:
+            raise ValueError(f"unknown threshold {key!r} (known: {', '.join(fields)})")
+        if isinstance(raw, bool):
+            raise ValueError(f"{name}: expected a number, got {raw!r}")
+        try:
+            number = float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected a number, got {raw!r}") from None
+        lo, hi = _RANGES.get(name, (0.0, 1.0))
+        if not (math.isfinite(number) and lo <= number <= hi):
+            raise ValueError(f"{name}: must be between {lo:g} and {hi:g}, got {raw!r}")
+        out[name] = int(number) if name == "min_steps" else number
+    return Thresholds(**out)

@@ -1,0 +1,139 @@
+"""``HostSource``: per-CPU busy, iowait, CPU/IO pressure, and the ranks' loader workers.
+
+Read by the sampler thread once per pass (never by a scrape). CPU figures are
+deltas since the previous read, so the first read reports the time since boot
+for the CPUs and nothing for processes not seen before. Every read is a few
+``/proc`` files plus, per training rank, one scan for its children (psutil).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from stepscope.host.model import HostReading, Pressure, ProcessReading, parse_pressure
+
+log = logging.getLogger("stepscope.host")
+
+# Children of a rank that are multiprocessing's helpers, not DataLoader workers.
+_HELPERS = ("resource_tracker", "semaphore_tracker", "forkserver")
+
+
+def _total(t: Any) -> float:
+    # guest time is already counted in user/nice on Linux
+    return float(sum(t)) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+
+
+def _busy(prev: Any, cur: Any) -> tuple[float, float]:
+    """(busy share, iowait share) of one CPU's time between two cpu_times readings."""
+    total = _total(cur) - _total(prev)
+    if total <= 0:
+        return 0.0, 0.0
+    idle = (cur.idle - prev.idle) + (getattr(cur, "iowait", 0.0) - getattr(prev, "iowait", 0.0))
+    iowait = getattr(cur, "iowait", 0.0) - getattr(prev, "iowait", 0.0)
+    return min(1.0, max(0.0, 1.0 - idle / total)), min(1.0, max(0.0, iowait / total))
+
+
+class _Tracked:
+    """A rank's process and the CPU seconds seen of it and its children."""
+
+    __slots__ = ("children", "cpu", "proc")
+
+    def __init__(self, proc: psutil.Process, cpu: float) -> None:
+        self.proc = proc
+        self.cpu = cpu
+        self.children: dict[int, tuple[psutil.Process, float]] = {}
+
+
+def _cpu_seconds(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return float(t.user + t.system)
+
+
+class HostSource:
+    """Reads the host; owns per-CPU and per-process baselines (sampler thread only)."""
+
+    def __init__(
+        self,
+        pressure_dir: Path = Path("/proc/pressure"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._pressure_dir = pressure_dir
+        self._clock = clock
+        self._prev_cpus: list[Any] = list(psutil.cpu_times(percpu=True))
+        self._prev_total: Any = psutil.cpu_times()
+        self._prev_t = clock()
+        self._procs: dict[int, _Tracked] = {}
+
+    def _pressure(self, resource: str) -> Pressure | None:
+        try:
+            return parse_pressure((self._pressure_dir / resource).read_text())
+        except OSError:  # no PSI on this kernel (or disabled): absent, not zero
+            return None
+
+    def _process(self, pid: int, dt: float, since: float) -> ProcessReading | None:
+        tracked = self._procs.get(pid)
+        try:
+            if tracked is None:
+                proc = psutil.Process(pid)
+                tracked = self._procs[pid] = _Tracked(proc, _cpu_seconds(proc))
+                main = 0.0
+            else:
+                cpu = _cpu_seconds(tracked.proc)
+                main, tracked.cpu = max(0.0, cpu - tracked.cpu), cpu
+            children = tracked.proc.children()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            self._procs.pop(pid, None)
+            return None
+        workers = 0
+        workers_cpu = 0.0
+        seen: dict[int, tuple[psutil.Process, float]] = {}
+        for child in children:
+            try:
+                if any(h in " ".join(child.cmdline()) for h in _HELPERS):
+                    continue
+                cpu = _cpu_seconds(child)
+                prev = tracked.children.get(child.pid)
+                if prev is not None:
+                    workers_cpu += max(0.0, cpu - prev[1])
+                elif child.create_time() >= since:  # started since the last read
+                    workers_cpu += cpu
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+            seen[child.pid] = (child, cpu)
+            workers += 1
+        tracked.children = seen
+        return ProcessReading(pid, main / dt, workers, workers_cpu / dt)
+
+    def read(self, pids: Iterable[int] = ()) -> HostReading:
+        """One reading; ``pids`` are the training ranks' processes to look at."""
+        now = self._clock()
+        wall_since = time.time() - (now - self._prev_t)
+        dt = max(now - self._prev_t, 1e-3)
+        self._prev_t = now
+        cpus = list(psutil.cpu_times(percpu=True))
+        busy = tuple(_busy(p, c)[0] for p, c in zip(self._prev_cpus, cpus, strict=False))
+        total = psutil.cpu_times()
+        iowait = _busy(self._prev_total, total)[1]
+        self._prev_cpus, self._prev_total = cpus, total
+        wanted = set(pids)
+        for gone in set(self._procs) - wanted:
+            del self._procs[gone]
+        processes: dict[int, ProcessReading] = {}
+        for pid in sorted(wanted):
+            reading = self._process(pid, dt, wall_since)
+            if reading is not None:
+                processes[pid] = reading
+        return HostReading(
+            cpu_count=len(cpus),
+            cpu_busy=busy,
+            iowait=iowait,
+            cpu_pressure=self._pressure("cpu"),
+            io_pressure=self._pressure("io"),
+            processes=processes,
+        )

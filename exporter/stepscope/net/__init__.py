@@ -1,0 +1,1 @@
+"""Network signals: RDMA (EFA, InfiniBand) port counters from sysfs (``net.rdma``)."""

@@ -1,0 +1,96 @@
+"""Host and RDMA sources: real /proc via psutil, and a fixture tree of sysfs files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, parse_samples
+from stepscope.exposition import render
+from stepscope.host.model import Pressure, parse_pressure
+from stepscope.host.source import HostSource
+from stepscope.net.metrics import rdma_families
+from stepscope.net.rdma import read_rdma_ports
+from stepscope.snapshot import Snapshot
+
+SYSFS = REPO / "tests" / "fixtures" / "sysfs" / "class" / "infiniband"
+
+
+def test_pressure_lines_parse_to_shares_and_a_kernel_without_psi_reads_none() -> None:
+    text = (
+        "some avg10=12.50 avg60=0.78 avg300=0.60 total=21685014\n"
+        "full avg10=3.00 avg60=0.00 avg300=0.00 total=0\n"
+    )
+    assert parse_pressure(text) == Pressure(0.125, 0.03)
+    assert parse_pressure("some avg10=1.00 avg60=0 avg300=0 total=1\n") == Pressure(0.01, None)
+    assert parse_pressure("") is None
+
+
+def test_efa_and_infiniband_ports_read_from_sysfs_with_ib_words_as_bytes() -> None:
+    ports = {(p.device, p.port): p for p in read_rdma_ports(SYSFS)}
+    assert sorted(ports) == [("broken_0", "1"), ("mlx5_0", "1"), ("rdmap16s27", "1")]
+    efa = ports[("rdmap16s27", "1")]
+    assert efa.counters["tx_bytes"] == 987654321012
+    assert efa.counters["rx_bytes"] == 876543210987
+    assert efa.counters["rdma_read_bytes"] == 555555555
+    assert efa.counters["rdma_write_bytes"] == 666666666
+    assert efa.counters["retrans_packets"] == 12
+    assert efa.counters["impaired_remote_conn_events"] == 5
+    assert efa.counters["unresponsive_remote_events"] == 2
+    assert "lifespan" not in efa.counters and efa.lifespan_seconds == 0.012
+    ib = ports[("mlx5_0", "1")]
+    assert ib.counters["tx_bytes"] == 4 * 250000000  # port_xmit_data counts 4-byte words
+    assert ib.counters["rx_bytes"] == 4 * 125000000
+    assert ib.counters["rx_packets"] == 900000 and ib.counters["rx_drops"] == 7
+    assert "rdma_read_bytes" not in ib.counters  # absent, never zero
+    broken = ports[("broken_0", "1")]
+    assert broken.counters == {"rx_bytes": 42}  # an unreadable value leaves it absent
+    assert read_rdma_ports(SYSFS / "nonexistent") == ()
+
+
+def test_rdma_counters_are_served_with_device_and_port_labels_and_lifespan_as_a_gauge() -> None:
+    snap = Snapshot(0.0, 0.0, "node", "simulated", 1.0, 10.0, rdma=read_rdma_ports(SYSFS))
+    text = render(rdma_families(snap)).decode()
+    samples = parse_samples(text)
+    tx = {lbl["device"]: v for lbl, v in samples["stepscope_rdma_transmitted_bytes_total"]}
+    assert tx == {"rdmap16s27": 987654321012, "mlx5_0": 1e9}
+    assert "# TYPE stepscope_rdma_transmitted_bytes_total counter" in text
+    assert "# TYPE stepscope_rdma_counter_lifespan_seconds gauge" in text
+    life = {lbl["device"]: v for lbl, v in samples["stepscope_rdma_counter_lifespan_seconds"]}
+    assert life == {"rdmap16s27": 0.012, "mlx5_0": 0.01}
+    assert all(lbl["port"] == "1" for lbl, _ in samples["stepscope_rdma_received_bytes_total"])
+    assert not any("lifespan" in name and name.endswith("_total") for name in samples)
+    assert render(rdma_families(Snapshot(0.0, 0.0, "n", "simulated", 1.0, 10.0))) == b""
+
+
+def test_a_rank_process_reads_its_dataloader_workers_and_their_cpu() -> None:
+    """The test process plays the rank: one busy child (a worker) and one idle child."""
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        source = HostSource()
+        first = source.read([os.getpid(), 999_999_999])
+        assert 999_999_999 not in first.processes  # a pid that is not there is absent
+        deadline = time.monotonic() + 15
+        reading = first
+        while time.monotonic() < deadline:
+            reading = source.read([os.getpid()])
+            proc = reading.processes[os.getpid()]
+            if proc.workers == 2 and proc.workers_cpu_cores > 0.5:
+                break
+            time.sleep(0.2)  # let CPU time accrue between two readings
+        proc = reading.processes[os.getpid()]
+        assert proc.workers == 2
+        assert 0.5 < proc.workers_cpu_cores < 1.3  # one spinning worker, one sleeping
+        assert reading.cpu_count == len(reading.cpu_busy) == (os.cpu_count() or 0)
+        assert 0.0 < reading.busy <= 1.0
+        if Path("/proc/pressure/cpu").exists():
+            assert reading.cpu_pressure is not None
+    finally:
+        busy.kill()
+        idle.kill()
+        busy.wait()
+        idle.wait()
