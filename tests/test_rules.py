@@ -1,0 +1,114 @@
+"""The shipped Prometheus rules: valid, unit-tested alert by alert, and documented."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from conftest import REPO, promtool
+
+RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
+TESTS_DIR = REPO / "deploy" / "prometheus" / "rules-tests"
+RUNBOOKS = REPO / "docs" / "runbooks.md"
+RUNBOOK_BASE = "https://github.com/stepscope/stepscope/blob/main/docs/runbooks.md#"
+# level:metric:operations, https://prometheus.io/docs/practices/rules/
+RECORD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*:[A-Za-z_][A-Za-z0-9_]*:[a-z0-9_]+$")
+
+
+def rule_files() -> list[Path]:
+    return sorted(RULES_DIR.glob("*.yml"))
+
+
+def rules() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in rule_files():
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            out.extend(group["rules"])
+    return out
+
+
+def alerts() -> list[dict[str, Any]]:
+    return [r for r in rules() if "alert" in r]
+
+
+def unit_tests() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in sorted(TESTS_DIR.glob("*_test.yml")):
+        out.extend(yaml.safe_load(path.read_text())["tests"])
+    return out
+
+
+def test_promtool_check_rules_is_clean() -> None:
+    result = subprocess.run([promtool(), "check", "rules", *map(str, rule_files())],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "WARNING" not in result.stdout + result.stderr
+
+
+def test_promtool_unit_tests_pass() -> None:
+    files = sorted(TESTS_DIR.glob("*_test.yml"))
+    result = subprocess.run([promtool(), "test", "rules", *map(str, files)], cwd=TESTS_DIR,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == len(files)
+
+
+def test_every_alert_is_proven_to_fire_and_to_stay_silent() -> None:
+    fires: set[str] = set()
+    silent: set[str] = set()
+    for test in unit_tests():
+        for case in test.get("alert_rule_test", []):
+            (fires if case.get("exp_alerts") else silent).add(case["alertname"])
+    names = {a["alert"] for a in alerts()}
+    assert names - fires == set(), "alerts never shown to fire"
+    assert names - silent == set(), "alerts never shown to stay silent"
+
+
+def test_every_alert_has_severity_text_and_a_runbook_section() -> None:
+    headings = {
+        re.sub(r"[^a-z0-9 _-]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in RUNBOOKS.read_text().splitlines() if line.startswith("#")
+    }
+    for alert in alerts():
+        name = alert["alert"]
+        assert alert["labels"]["severity"] in {"critical", "warning", "info"}, name
+        notes = alert["annotations"]
+        assert set(notes) == {"summary", "description", "runbook_url"}, name
+        # the description names where it happened and what was measured
+        assert re.search(r"\$labels\.(Hostname|instance|job)", notes["description"]), name
+        assert "$value" in notes["description"] or "$labels" in notes["summary"], name
+        url = notes["runbook_url"]
+        assert url.startswith(RUNBOOK_BASE), name
+        assert url.removeprefix(RUNBOOK_BASE) == name.lower(), name
+        assert name.lower() in headings, f"docs/runbooks.md has no section for {name}"
+
+
+def test_recording_rules_follow_level_metric_operations() -> None:
+    records = [r["record"] for r in rules() if "record" in r]
+    assert records, "no recording rules"
+    bad = [r for r in records if not RECORD_NAME.match(r)]
+    assert bad == []
+    assert len(records) == len(set(records))
+
+
+def test_xid_alerts_split_the_drain_codes_from_the_rest() -> None:
+    by_name = {a["alert"]: a for a in alerts()}
+    drain = by_name["StepscopeGpuXidDrain"]
+    assert drain["labels"]["severity"] == "critical"
+    assert by_name["StepscopeGpuXid"]["labels"]["severity"] == "warning"
+    codes = re.search(r'xid=~"([0-9|]+)"', drain["expr"])
+    assert codes and set(codes.group(1).split("|")) == {"48", "63", "64", "74", "79", "94", "95"}
+    assert f'xid!~"{codes.group(1)}"' in by_name["StepscopeGpuXid"]["expr"]
+
+
+def test_for_durations_fire_within_minutes_at_a_15_second_scrape() -> None:
+    for alert in alerts():
+        duration = alert.get("for", "0s")
+        match = re.fullmatch(r"(\d+)([smh])", duration)
+        assert match, (alert["alert"], duration)
+        seconds = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2)]
+        assert seconds <= 30 * 60, alert["alert"]
