@@ -16,6 +16,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from stepscope import __version__
+from stepscope.diagnose.api import diagnosis_document
 from stepscope.exposition import CONTENT_TYPE
 from stepscope.snapshot import RenderedSnapshot
 
@@ -111,9 +112,14 @@ def make_app(
 """
         return web.Response(text=page, content_type="text/html")
 
+    async def diagnosis(request: web.Request) -> web.Response:
+        latest = source.latest
+        return web.json_response(diagnosis_document(latest.snapshot if latest else None))
+
     app = web.Application(middlewares=list(middlewares))
     app.router.add_get("/", index)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/api/v1/diagnosis", diagnosis)
     return app

@@ -504,7 +504,7 @@ def _comm_verdict(
 def diagnose(window: Sequence[Snapshot], th: Thresholds) -> Diagnosis:
     """Every verdict for the newest snapshot of ``window`` (oldest first)."""
     if not window:
-        return Diagnosis(0.0, 0)
+        return Diagnosis(0.0, 0, thresholds=th)
     latest = window[-1]
     span = latest.monotonic - window[0].monotonic
     verdicts: list[Verdict] = []
@@ -529,5 +529,5 @@ def diagnose(window: Sequence[Snapshot], th: Thresholds) -> Diagnosis:
         gw = gpu_window(g.info.uuid, window)
         if gw is not None:
             verdicts.append(gpu_verdict(gw, th))
-    return Diagnosis(span, len(window), tuple(verdicts))
+    return Diagnosis(span, len(window), tuple(verdicts), th)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stepscope.diagnose.thresholds import Thresholds
+
 # Verdict kinds, in the order they are served (one-hot ``stepscope_bottleneck{kind}``).
 KINDS: tuple[str, ...] = (
     "compute",
@@ -83,6 +85,7 @@ class Diagnosis:
     window_seconds: float
     samples: int
     verdicts: tuple[Verdict, ...] = ()
+    thresholds: Thresholds = field(default_factory=Thresholds)
 
     @property
     def status(self) -> str:

@@ -1,0 +1,261 @@
+"""The verdict rules, through the real sampler: simulated GPUs, scripted ranks and host.
+
+Time is a fake clock shared by the simulated GPUs, the training aggregator and the
+sampler, so a 30 s window takes no wall time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import pytest
+
+from conftest import parse_samples
+from stepscope.diagnose.api import diagnosis_document
+from stepscope.diagnose.model import KINDS, MODIFIERS, Diagnosis, Verdict
+from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
+from stepscope.gpu.simulated import SimulatedBackend, parse_scenario
+from stepscope.host.model import HostReading, Pressure, ProcessReading
+from stepscope.net.rdma import RdmaPort
+from stepscope.sampler import Sampler, SamplerSettings
+from stepscope.training.aggregate import Aggregator
+from stepscope.training.datagram import StepRecord
+
+PID = 4242
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class FakeHost:
+    """The host as a test scripts it: every read returns ``reading``."""
+
+    def __init__(self) -> None:
+        self.reading = HostReading(cpu_count=8, cpu_busy=(0.3,) * 8)
+        self.pids: set[int] = set()
+
+    def read(self, pids: Iterable[int] = ()) -> HostReading:
+        self.pids = set(pids)
+        return self.reading
+
+
+class Node:
+    """A simulated node: GPUs from a scenario, ranks stepping as the test says."""
+
+    def __init__(self, scenario: dict[str, Any], window: float = 20.0) -> None:
+        self.clock = Clock()
+        self.backend = SimulatedBackend(parse_scenario(scenario), hostname="n", clock=self.clock)
+        self.uuids = [d.uuid for d in self.backend.devices()]
+        self.agg = Aggregator(clock=self.clock)
+        self.host = FakeHost()
+        self.rdma: tuple[RdmaPort, ...] = ()
+        self.sampler = Sampler(
+            self.backend,
+            SamplerSettings("n", 1.0, 10.0, diagnosis=Thresholds(window=window)),
+            clock=self.clock,
+            wall_clock=lambda: 1.7e9 + self.clock.t,
+            training=self.agg,
+            host=self.host,
+            rdma=lambda: self.rdma,
+        )
+        self.steps: dict[int, int] = {}
+
+    def step(
+        self, rank: int, dur: float, data: float = 0.0, comm: float = 0.0, other: float = 0.0,
+        gpu: int | None = None, world_size: int = 1, job: str = "j", warmup: bool = False,
+    ) -> None:  # fmt: skip
+        n = self.steps[rank] = self.steps.get(rank, -1) + 1
+        self.agg.add(
+            StepRecord(
+                job, rank, rank, n, 1.7e9 + self.clock.t, dur, data, dur - data - comm - other,
+                comm, other, warmup, 0, 0.0, "bf16", world_size, PID + rank,
+                self.uuids[gpu] if gpu is not None else None, 0,
+            )
+        )  # fmt: skip
+
+    def run(self, seconds: int, each_second: Any = None) -> Diagnosis:
+        for _ in range(seconds):
+            self.clock.t += 1.0
+            if each_second is not None:
+                each_second()
+            rendered = self.sampler.sample_once()
+        diag = rendered.snapshot.diagnosis
+        assert diag is not None
+        return diag
+
+    def text(self) -> str:
+        latest = self.sampler.latest
+        assert latest is not None
+        return latest.body.decode()
+
+
+def by_gpu(diag: Diagnosis) -> dict[int | None, Verdict]:
+    return {v.subject.gpu: v for v in diag.verdicts if v.subject.rank is None}
+
+
+def by_rank(diag: Diagnosis) -> dict[int | None, Verdict]:
+    return {v.subject.rank: v for v in diag.verdicts if v.subject.rank is not None}
+
+
+def test_simulated_gpus_read_compute_with_thermal_power_and_fp32_modifiers() -> None:
+    node = Node({
+        "gpus": 7,
+        "workload": {"activity": "busy", "precision": "bf16"},
+        "devices": {5: {"model": "NVIDIA A100-SXM4-80GB"}},
+        "timeline": [
+            {"gpus": [1], "thermal": "sw"},
+            {"gpus": [2], "power_cap": True},
+            {"gpus": [3], "precision": "fp32"},
+            {"gpus": [4], "activity": "idle"},
+            {"gpus": [6], "activity": "sawtooth", "period": 1.0, "duty": 0.3},
+        ],
+    })  # fmt: skip
+    v = by_gpu(node.run(25))
+    assert (v[0].kind, v[0].modifiers) == ("compute", ())
+    assert (v[1].kind, v[1].modifiers) == ("compute", ("thermal_throttle",))
+    assert v[1].bottleneck and "temperature" in v[1].advice
+    assert (v[2].kind, v[2].modifiers) == ("compute", ("power_cap",))
+    assert not v[2].bottleneck
+    assert (v[3].kind, v[3].modifiers) == ("compute", ("fp32_no_tensor",))
+    assert "mixed precision" in v[3].advice
+    assert v[4].kind == "idle"
+    assert v[5].kind == "unknown"  # A100: no GPM, utilization alone cannot tell
+    assert "GPM" in " ".join(v[5].evidence)
+    assert v[6].kind == "unknown"  # waits without a rank: data or comm, no guess
+    # one-hot per subject on /metrics, modifiers in their own family
+    samples = parse_samples(node.text())
+    for gpu in map(str, range(7)):
+        kinds = {lbl["kind"]: val for lbl, val in samples["stepscope_bottleneck"]
+                 if lbl["gpu"] == gpu}  # fmt: skip
+        assert sorted(kinds) == sorted(KINDS) and sum(kinds.values()) == 1
+    hot = {lbl["modifier"]: val for lbl, val in samples["stepscope_bottleneck_modifier"]
+           if lbl["gpu"] == "1"}  # fmt: skip
+    assert sorted(hot) == sorted(MODIFIERS) and hot["thermal_throttle"] == 1
+    assert sum(hot.values()) == 1
+    lbl = next(lbl for lbl, val in samples["stepscope_bottleneck"] if lbl["gpu"] == "1" and val)
+    assert lbl["job"] == lbl["rank"] == "" and lbl["Hostname"] == "n" and lbl["kind"] == "compute"
+
+
+def test_data_wait_with_the_loader_in_the_training_process_is_input() -> None:
+    node = Node({"gpus": 1, "workload": {"activity": "sawtooth", "duty": 0.3}})
+    node.host.reading = HostReading(
+        8, (0.87,) * 8, processes={PID: ProcessReading(PID, 6.9, 0, 0.0)}
+    )  # the trap: every CPU busy (intra-op threads), yet more workers is the fix
+    diag = node.run(20, lambda: node.step(0, 1.0, data=0.7, gpu=0))
+    v = by_rank(diag)[0]
+    assert v.kind == "input" and v.bottleneck
+    assert "num_workers" in v.advice and v.subject.gpu == 0
+    assert node.host.pids == {PID}
+    assert by_gpu(diag) == {}  # the rank's GPU has no verdict of its own
+    assert v.signals["data_wait_share"] == pytest.approx(0.7)
+    assert v.signals["dataloader_workers"] == 0
+
+
+@pytest.mark.parametrize(
+    ("busy", "per_worker", "io", "kind"),
+    [
+        (0.95, 0.95, 0.0, "input_cpu"),  # workers pegged and no free CPU
+        (0.40, 0.95, 0.0, "input"),  # workers pegged, CPUs free: add workers
+        (0.20, 0.05, 0.0, "input_io"),  # workers idle while the rank waits: blocked reads
+        (0.50, 0.50, 0.45, "input_io"),  # IO pressure
+    ],
+)
+def test_data_wait_with_workers_tells_cpu_from_io_from_too_few_workers(
+    busy: float, per_worker: float, io: float, kind: str
+) -> None:
+    node = Node({"gpus": 1})
+    node.host.reading = HostReading(
+        16, (busy,) * 16, io_pressure=Pressure(io, io / 2),
+        processes={PID: ProcessReading(PID, 0.5, 4, 4 * per_worker)},
+    )  # fmt: skip
+    diag = node.run(20, lambda: node.step(0, 0.5, data=0.3, gpu=0))
+    assert by_rank(diag)[0].kind == kind
+
+
+def test_comm_wait_behind_a_slower_peer_is_waiting_on_peer_and_the_peer_computes() -> None:
+    node = Node({"gpus": 2})
+
+    def both() -> None:
+        node.step(0, 1.0, comm=0.4, gpu=0, world_size=2)  # waits 0.4 s per step
+        node.step(1, 1.0, comm=0.02, gpu=1, world_size=2)  # computes 0.4 s longer
+
+    v = by_rank(node.run(20, both))
+    assert v[0].kind == "waiting_on_peer" and "rank 1" in " ".join(v[0].evidence)
+    assert v[1].kind == "compute"
+
+
+def test_comm_dominated_across_nodes_with_flat_rdma_suspects_tcp() -> None:
+    node = Node({"gpus": 1})
+    node.rdma = (RdmaPort("rdmap0", "1", {"tx_bytes": 1e6, "rx_bytes": 1e6}),)
+    v = by_rank(node.run(20, lambda: node.step(0, 1.0, comm=0.5, gpu=0, world_size=16)))[0]
+    assert (v.kind, v.modifiers) == ("communication", ("tcp_suspected",))
+    assert "nccl-check" in v.advice and v.bottleneck
+    # bytes flowing over RDMA: communication, but not TCP
+    node = Node({"gpus": 1})
+    node.rdma = (RdmaPort("rdmap0", "1", {"tx_bytes": 0.0, "rx_bytes": 0.0}),)
+
+    def flowing() -> None:
+        node.step(0, 1.0, comm=0.5, gpu=0, world_size=16)
+        moved = node.clock.t * 5e9
+        node.rdma = (RdmaPort("rdmap0", "1", {"tx_bytes": moved, "rx_bytes": moved}),)
+
+    v = by_rank(node.run(20, flowing))[0]
+    assert (v.kind, v.modifiers) == ("communication", ())
+    # single node: no TCP question at all
+    node = Node({"gpus": 1})
+    v = by_rank(node.run(20, lambda: node.step(0, 1.0, comm=0.5, gpu=0, world_size=1)))[0]
+    assert (v.kind, v.modifiers) == ("communication", ())
+
+
+def test_a_rank_that_stops_reads_idle_and_warmup_only_reads_unknown() -> None:
+    node = Node({"gpus": 2, "timeline": [{"at": 15, "activity": "idle"}]}, window=10)
+    node.run(12, lambda: node.step(0, 1.0, gpu=0))
+    diag = node.run(25)  # no more steps; the GPUs went idle at t=15
+    assert by_rank(diag)[0].kind == "idle"
+    assert by_gpu(diag)[1].kind == "idle"
+    assert diag.status == "healthy"
+    node = Node({"gpus": 1})
+    diag = node.run(10, lambda: node.step(0, 1.0, gpu=0, warmup=True))
+    assert by_rank(diag)[0].kind == "unknown"
+    assert "measured step" in " ".join(by_rank(diag)[0].evidence)
+
+
+def test_a_healthy_compute_bound_rank_and_the_api_document() -> None:
+    node = Node({"gpus": 1}, window=30)
+    seen: set[str] = set()
+
+    def healthy() -> None:
+        node.step(0, 0.5, data=0.01, comm=0.03, other=0.01, gpu=0, world_size=1)
+
+    for _ in range(12):  # two minutes of simulated time: the verdict never flips
+        diag = node.run(10, healthy)
+        seen |= {v.kind for v in diag.verdicts}
+    assert seen == {"compute"} and diag.status == "healthy"
+    assert diag.window_seconds == pytest.approx(30.0)
+    doc = json.loads(json.dumps(diagnosis_document(node.sampler.latest.snapshot)))  # type: ignore[union-attr]
+    assert doc["status"] == "healthy" and doc["hostname"] == "n"
+    (verdict,) = doc["verdicts"]
+    assert verdict["kind"] == "compute" and verdict["subject"]["rank"] == 0
+    assert verdict["subject"]["gpu"] == 0 and verdict["advice"]
+    assert verdict["signals"]["sm_active"] > 0.9
+    assert verdict["signals"]["step_seconds"] == pytest.approx(0.5)
+    assert len(verdict["history"]["step_seconds"]) >= 25
+    assert doc["thresholds"]["window"] == 30
+
+
+def test_thresholds_are_validated_with_the_key_named() -> None:
+    assert parse_thresholds({"window": 5, "input_share": 0.4}).window == 5.0
+    assert parse_thresholds("{min_steps: 2}").min_steps == 2
+    with pytest.raises(ValueError, match="unknown threshold 'inputshare'"):
+        parse_thresholds({"inputshare": 0.4})
+    with pytest.raises(ValueError, match="input_share: must be between 0 and 1"):
+        parse_thresholds({"input_share": 2})
+    with pytest.raises(ValueError, match="window"):
+        parse_thresholds({"window": "soon"})
