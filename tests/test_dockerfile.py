@@ -177,9 +177,7 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_image_install_serves_simulated_gpus_without_boto3(image_venv: Path) -> None:
     py = str(image_venv / "bin" / "python")
     assert subprocess.run([py, "-c", "import boto3"], capture_output=True).returncode != 0
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VIRTUAL_ENV"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VIRTUAL_ENV"))}
     env.update(
         PYTHONUNBUFFERED="1",
         PATH=f"{image_venv / 'bin'}:{env.get('PATH', '')}",

@@ -1,0 +1,105 @@
+{{/* Chart name, truncated to the 63 characters of a DNS label. */}}
+{{- define "stepscope.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: the release name, or release-chart when it does not contain the chart name. */}}
+{{- define "stepscope.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "stepscope.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "stepscope.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "stepscope.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "stepscope.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: exporter
+app.kubernetes.io/part-of: stepscope
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "stepscope.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "stepscope.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "stepscope.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The Prometheus Operator API is served by the cluster (or given with --api-versions). */}}
+{{- define "stepscope.hasMonitoringApi" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the exporter serves HTTPS (a web config with TLS). */}}
+{{- define "stepscope.tls" -}}
+{{- if and .Values.webConfig.enabled (or .Values.webConfig.tlsSecret .Values.webConfig.config.tls_server_config) }}true{{ end }}
+{{- end }}
+
+{{/* HTTP probes cannot send a password or a client certificate: those web configs get TCP probes. */}}
+{{- define "stepscope.httpProbes" -}}
+{{- $wc := .Values.webConfig }}
+{{- $tls := default dict $wc.config.tls_server_config }}
+{{- $clientCert := and $tls.client_auth_type (ne $tls.client_auth_type "NoClientCert") }}
+{{- if not (and $wc.enabled (or $wc.existingSecret $wc.config.basic_auth_users $clientCert)) }}true{{ end }}
+{{- end }}
+
+{{/* Scrape settings shared by the ServiceMonitor endpoint and the PodMonitor endpoint. */}}
+{{- define "stepscope.scrapeEndpoint" -}}
+{{- $m := .monitor }}
+{{- $root := .root }}
+port: metrics
+path: /metrics
+interval: {{ $m.interval }}
+scrapeTimeout: {{ $m.scrapeTimeout }}
+honorLabels: {{ $m.honorLabels }}
+scheme: {{ if include "stepscope.tls" $root }}https{{ else }}http{{ end }}
+{{- with $m.tlsConfig }}
+tlsConfig:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $m.basicAuth }}
+basicAuth:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+relabelings:
+  # the node a target runs on, beside the exporter's own Hostname label
+  - sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: node
+  {{- with $m.relabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- if or $m.metricRelabelings $root.Values.dcgmExporter.coexist }}
+metricRelabelings:
+  {{- if $root.Values.dcgmExporter.coexist }}
+  # dcgm-exporter serves DCGM_FI_* for these GPUs already: keep one copy
+  - sourceLabels: [__name__]
+    regex: DCGM_FI_.*
+    action: drop
+  {{- end }}
+  {{- with $m.metricRelabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,416 @@
+"""The Helm chart, rendered by the real Helm engine in-process (helm-python-sdk), every
+object validated against the Kubernetes schemas (kubernetes-validate --strict), the
+Prometheus Operator objects checked for the fields the operator requires, and the rules
+in the PrometheusRule checked by promtool."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import REPO, promtool
+
+CHART = REPO / "helm" / "stepscope"
+RULES = REPO / "deploy" / "prometheus" / "rules"
+DASHBOARDS = REPO / "dashboards"
+KUBE_VERSION = "1.34.0"  # EKS standard support; the schemas of kubernetes-validate
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+
+
+def _load_render() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "stepscope_render", REPO / "deploy" / "kubernetes" / "render.py"
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+render = _load_render()
+
+
+def rendered_objects(
+    values: dict[str, Any] | None = None, *, operator: bool = True, chart: Path = CHART
+) -> list[dict[str, Any]]:
+    apis = (render.MONITORING_API,) if operator else ()
+    out = render.render_chart(
+        values, chart=chart, api_versions=apis, kube_version=f"v{KUBE_VERSION}"
+    )
+    objs: list[dict[str, Any]] = render.objects(out)
+    return objs
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(objs, kind)
+    assert len(found) == 1, f"{len(found)} {kind}"
+    return found[0]
+
+
+def _ci(path: Path) -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load(path.read_text())
+    return values
+
+
+VALUE_SETS = [pytest.param(None, id="default")] + [
+    pytest.param(p, id=p.name.removesuffix("-values.yaml")) for p in CI_VALUES
+]
+
+
+@pytest.fixture(scope="module")
+def default_objects() -> list[dict[str, Any]]:
+    return rendered_objects()
+
+
+def _pod(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+def _main(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    containers = _pod(objs)["containers"]
+    assert [c["name"] for c in containers] == ["stepscope"]
+    main: dict[str, Any] = containers[0]
+    return main
+
+
+# ---- lint, schema, validation for every values set
+
+
+def test_ci_values_exist() -> None:
+    assert {p.name for p in CI_VALUES} >= {
+        "full-values.yaml",
+        "minimal-values.yaml",
+        "simulate-values.yaml",
+    }
+
+
+@pytest.mark.parametrize("values_file", VALUE_SETS)
+def test_helm_lint_strict_is_clean(values_file: Path | None) -> None:
+    import helm_python
+
+    values = _ci(values_file) if values_file else None
+    report = helm_python.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
+    problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("values_file", VALUE_SETS)
+def test_every_object_passes_kubernetes_validate_strict(values_file: Path | None) -> None:
+    objs = rendered_objects(_ci(values_file) if values_file else None)
+    assert objs
+    for obj in objs:
+        if obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # no schema in kubernetes-validate; checked field by field below
+        try:
+            kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{obj['kind']} {obj['metadata']['name']}: {exc}") from None
+
+
+def test_kubernetes_validate_cli_accepts_the_plain_manifests(tmp_path: Path) -> None:
+    cli = shutil.which("kubernetes-validate")
+    assert cli, "kubernetes-validate is installed with the test extra"
+    files = [str(REPO / "deploy" / "kubernetes" / "stepscope.yaml")]
+    run = subprocess.run(
+        [cli, "--strict", "--quiet", "-k", KUBE_VERSION, *files], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_values_schema_rejects_bad_values() -> None:
+    import helm_python
+
+    with helm_python.Chart.load(CHART) as chart:
+        chart.validate_schema(chart.values)
+        for bad in (
+            {"port": "9400"},
+            {"port": 70000},
+            {"portt": 9400},
+            {"image": {"digest": "latest"}},
+            {"ingest": {"hostPath": "run/stepscope"}},
+            {"serviceMonitor": {"interval": "fast"}},
+            {"logLevel": "loud"},
+        ):
+            with pytest.raises(helm_python.HelmValuesError):
+                chart.validate_schema(bad)
+
+
+# ---- the DaemonSet
+
+
+def test_daemonset_runs_non_root_without_privilege_or_capabilities(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    pod = _pod(default_objects)
+    main = _main(default_objects)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = main["securityContext"]
+    assert sc["privileged"] is False
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert "hostPID" not in pod and pod["hostNetwork"] is False
+    assert pod["automountServiceAccountToken"] is False
+    # the GPU is visible through the NVIDIA runtime, never by taking a GPU from training
+    for res in main["resources"].values():
+        assert not any(k.startswith("nvidia.com/") for k in res)
+    env = {e["name"]: e for e in main["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
+    assert pod["runtimeClassName"] == "nvidia"
+
+
+def test_only_the_socket_directory_init_step_has_a_capability_and_it_is_chown(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    (init,) = _pod(default_objects)["initContainers"]
+    assert init["command"] == ["chown", "10001:10001", "/run/stepscope"]
+    sc = init["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+
+
+def test_daemonset_lands_on_gpu_nodes_tolerating_their_taint(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    pod = _pod(default_objects)
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    keys = {e["key"] for t in terms for e in t["matchExpressions"]}
+    assert {"nvidia.com/gpu.present", "feature.node.kubernetes.io/pci-10de.present"} <= keys
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in pod["tolerations"]
+    assert pod["priorityClassName"] == "system-node-critical"
+    ds = one(default_objects, "DaemonSet")
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+
+
+def test_daemonset_names_the_node_probes_health_and_shares_the_ingest_socket(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    pod = _pod(default_objects)
+    main = _main(default_objects)
+    env = {e["name"]: e for e in main["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["STEPSCOPE_INGEST"]["value"] == "unix:///run/stepscope/ingest.sock"
+    assert main["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert main["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert main["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["ingest"]["hostPath"] == {"path": "/run/stepscope", "type": "DirectoryOrCreate"}
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    assert mounts["ingest"] == "/run/stepscope"
+    assert mounts["tmp"] == "/tmp"
+
+
+def test_resources_are_sized_from_the_benchmarks(default_objects: list[dict[str, Any]]) -> None:
+    res = _main(default_objects)["resources"]
+    # 43 MB RSS and <1% of a core measured: requests just above, limits with headroom
+    assert res["requests"] == {"cpu": "20m", "memory": "96Mi"}
+    assert res["limits"]["memory"] == "256Mi"
+
+
+# ---- Service, monitors, rules, dashboards
+
+
+def test_prometheus_operator_objects_only_when_the_api_is_there() -> None:
+    import helm_python
+
+    with helm_python.Chart.load(CHART) as chart:
+        plain = render.objects(chart.render(name="stepscope", namespace="stepscope"))
+    kinds = {o["kind"] for o in plain}
+    assert kinds.isdisjoint({"ServiceMonitor", "PodMonitor", "PrometheusRule"})
+    assert {"DaemonSet", "Service"} <= kinds
+
+
+def test_service_monitor_has_what_the_operator_requires(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    svc = one(default_objects, "Service")
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["ports"][0]["name"] == "metrics"
+    sm = one(default_objects, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    selector = sm["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= svc["metadata"]["labels"].items()
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics"
+    assert endpoint["honorLabels"] is True, "training series carry their own job label"
+    assert endpoint["interval"] == "15s"
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == ["stepscope"]
+    assert not by_kind(default_objects, "PodMonitor")
+
+
+def test_full_values_pod_monitor_tls_basic_auth_and_dcgm_coexistence() -> None:
+    objs = rendered_objects(_ci(CHART / "ci" / "full-values.yaml"))
+    pm = one(objs, "PodMonitor")
+    ds_labels = one(objs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert pm["spec"]["selector"]["matchLabels"].items() <= ds_labels.items()
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["scheme"] == "https"
+    sm_endpoint = one(objs, "ServiceMonitor")["spec"]["endpoints"][0]
+    assert sm_endpoint["basicAuth"]["password"] == {"name": "stepscope-scrape", "key": "password"}
+    for ep in (endpoint, sm_endpoint):
+        assert {"sourceLabels": ["__name__"], "regex": "DCGM_FI_.*", "action": "drop"} in ep[
+            "metricRelabelings"
+        ]
+    secret = one(objs, "Secret")
+    web = yaml.safe_load(secret["stringData"]["web-config.yml"])
+    assert web["tls_server_config"] == {"cert_file": "tls.crt", "key_file": "tls.key"}
+    main = _main(objs)
+    # kubelet's HTTP probe cannot authenticate: TCP probes with basic auth
+    assert main["livenessProbe"]["tcpSocket"] == {"port": "metrics"}
+    env = {e["name"]: e.get("value") for e in main["env"]}
+    assert env["STEPSCOPE_WEB_CONFIG"] == "/etc/stepscope/web/web-config.yml"
+    assert env["STEPSCOPE_CONFIG"] == "/etc/stepscope/config/config.yaml"
+    cm = next(o for o in by_kind(objs, "ConfigMap") if "config.yaml" in o["data"])
+    assert yaml.safe_load(cm["data"]["config.yaml"])["max_jobs"] == 4
+    annotations = one(objs, "DaemonSet")["spec"]["template"]["metadata"]["annotations"]
+    assert "checksum/config" in annotations and "checksum/web-config" in annotations
+    assert one(objs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]["image"].startswith(
+        "ghcr.io/stepscope/stepscope@sha256:"
+    )
+
+
+def test_tls_without_basic_auth_keeps_http_probes_over_https() -> None:
+    objs = rendered_objects(
+        {"webConfig": {"enabled": True, "tlsSecret": "t", "config": {"tls_server_config": {}}}}
+    )
+    probe = _main(objs)["readinessProbe"]["httpGet"]
+    assert probe["scheme"] == "HTTPS" and probe["path"] == "/readyz"
+
+
+def test_minimal_values_render_just_the_daemonset() -> None:
+    objs = rendered_objects(_ci(CHART / "ci" / "minimal-values.yaml"))
+    assert {o["kind"] for o in objs} == {"DaemonSet"}
+    pod = _pod(objs)
+    assert "initContainers" not in pod and "runtimeClassName" not in pod
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert {v["name"]: v for v in pod["volumes"]}["ingest"] == {"name": "ingest", "emptyDir": {}}
+
+
+def _source_groups() -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = []
+    for path in sorted(RULES.glob("*.yml")):
+        groups += yaml.safe_load(path.read_text())["groups"]
+    return groups
+
+
+def test_prometheus_rule_is_built_from_deploy_prometheus_rules(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    link = CHART / "rules"
+    assert link.is_symlink() and link.resolve() == RULES.resolve(), "one source: a link"
+    if not list(RULES.glob("*.yml")):
+        assert not by_kind(default_objects, "PrometheusRule")
+        pytest.skip("deploy/prometheus/rules has no rule files yet")
+    rule = one(default_objects, "PrometheusRule")
+    assert rule["spec"]["groups"] == _source_groups()
+    for group in rule["spec"]["groups"]:
+        assert group["name"] and group["rules"]
+        for r in group["rules"]:
+            assert ("record" in r) != ("alert" in r) and r["expr"]
+
+
+def test_prometheus_rule_passes_promtool(
+    default_objects: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    tool = promtool()
+    rules = by_kind(default_objects, "PrometheusRule")
+    if not rules:
+        pytest.skip("deploy/prometheus/rules has no rule files yet")
+    path = tmp_path / "rendered-rules.yml"
+    path.write_text(yaml.safe_dump({"groups": rules[0]["spec"]["groups"]}))
+    run = subprocess.run([tool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.fixture
+def chart_with_sources(tmp_path: Path) -> Iterator[Path]:
+    """A copy of the chart whose links point at sources made here: the mechanism, tested
+    whatever the repository's rules and dashboards hold today."""
+    root = tmp_path / "repo"
+    chart = root / "helm" / "stepscope"
+    shutil.copytree(CHART, chart, symlinks=True, ignore=shutil.ignore_patterns("rules"))
+    rules = root / "deploy" / "prometheus" / "rules"
+    rules.mkdir(parents=True)
+    (rules / "a.yml").write_text(
+        "groups:\n- name: a\n  rules:\n  - record: x:up:sum\n    expr: sum(up)\n"
+    )
+    (rules / "b.yml").write_text(
+        "groups:\n- name: b\n  rules:\n  - alert: Down\n    expr: up == 0\n"
+        "    annotations: {summary: '{{ $labels.instance }} is down'}\n"
+    )
+    dashboards = root / "dashboards"
+    dashboards.mkdir()
+    (dashboards / "stepscope-fleet.json").write_text(json.dumps({"title": "Fleet", "uid": "f"}))
+    (dashboards / "README.md").write_text("not a dashboard")
+    (chart / "rules").symlink_to("../../deploy/prometheus/rules")
+    if not (chart / "dashboards").is_symlink():
+        (chart / "dashboards").symlink_to("../../dashboards")
+    yield chart
+
+
+def test_rules_and_dashboards_are_read_through_the_links(chart_with_sources: Path) -> None:
+    objs = rendered_objects(chart=chart_with_sources)
+    groups = one(objs, "PrometheusRule")["spec"]["groups"]
+    assert [g["name"] for g in groups] == ["a", "b"]
+    # Prometheus templates in annotations pass through Helm untouched
+    assert groups[1]["rules"][0]["annotations"]["summary"] == "{{ $labels.instance }} is down"
+    (cm,) = [o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("fleet")]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "stepscope"}
+    assert json.loads(cm["data"]["stepscope-fleet.json"]) == {"title": "Fleet", "uid": "f"}
+    # the change a user makes in the source shows up in the next render
+    (chart_with_sources.parent.parent / "dashboards" / "stepscope-fleet.json").write_text("{}")
+    objs = rendered_objects(chart=chart_with_sources)
+    (cm,) = [o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("fleet")]
+    assert cm["data"]["stepscope-fleet.json"] == "{}"
+
+
+def test_dashboards_of_the_repository_become_configmaps(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    sources = sorted(DASHBOARDS.glob("*.json")) if DASHBOARDS.is_dir() else []
+    if not sources:
+        pytest.skip("dashboards/ has no dashboards yet")
+    link = CHART / "dashboards"
+    assert link.is_symlink() and link.resolve() == DASHBOARDS.resolve(), "one source: a link"
+    maps = {
+        key: value
+        for o in by_kind(default_objects, "ConfigMap")
+        if o["metadata"]["labels"].get("grafana_dashboard") == "1"
+        for key, value in o["data"].items()
+    }
+    assert maps == {p.name: p.read_text().rstrip("\n") for p in sources}
+
+
+# ---- the plain manifests
+
+
+def test_plain_manifests_are_up_to_date() -> None:
+    for name, text in render.manifests().items():
+        path = REPO / "deploy" / "kubernetes" / name
+        assert path.exists() and path.read_text() == text, (
+            f"{path.name} is stale: run python deploy/kubernetes/render.py"
+        )
