@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     opt("max-label-length", "N", "longest accepted job name or GPU UUID (default 128)")
     opt("web-config", "FILE", "TLS / basic auth, Prometheus exporter-toolkit format")
     opt("log-level", "LEVEL", "debug, info, warning or error (default info)")
+    from stepscope.diagnose.cli import add_commands
+
+    add_commands(sub)
     return parser
 
 
@@ -112,6 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if args.command in ("diagnose", "nccl-check"):
+        from stepscope.diagnose.cli import run
+
+        return run(args)
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     if args.command == "serve":
         return serve(flags)
