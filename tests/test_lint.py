@@ -14,7 +14,7 @@ from conftest import REPO
 @pytest.mark.parametrize(
     "cmd",
     [
-        ["ruff", "check", "exporter", "tests", "benchmarks"],
+        ["ruff", "check", "exporter", "tests", "benchmarks", "dashboards"],
         ["mypy"],
     ],
     ids=["ruff", "mypy"],
