@@ -63,6 +63,17 @@ def _parser() -> argparse.ArgumentParser:
     from stepscope.diagnose.cli import add_commands
 
     add_commands(sub)
+    from stepscope.aws.discover import add_arguments as add_discover_arguments
+
+    add_discover_arguments(
+        sub.add_parser(
+            "discover",
+            help="list EC2 GPU instances as a Prometheus file_sd target file (needs boto3)",
+            description="Find running EC2 instances by tag and instance type (all pages of "
+            "DescribeInstances) and write them as Prometheus file_sd JSON, with instance "
+            "id, type, availability zone and placement group labels.",
+        )
+    )
     return parser
 
 
@@ -119,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from stepscope.diagnose.cli import run
 
         return run(args)
+    if args.command == "discover":
+        from stepscope.aws.discover import run as discover
+
+        return discover(args)
     flags = {k: v for k, v in vars(args).items() if k != "command"}
     if args.command == "serve":
         return serve(flags)

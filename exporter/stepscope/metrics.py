@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from prometheus_client.process_collector import ProcessCollector
 
 from stepscope import __version__
+from stepscope.aws.metrics import node_families
 from stepscope.diagnose.metrics import diagnosis_families
 from stepscope.exposition import Family, from_client_metric, join_labels, label_string
 from stepscope.gpu.fields import (
@@ -215,6 +216,7 @@ def snapshot_families(snapshot: Snapshot, labels: LabelCache) -> list[Family]:
         *host_families(snapshot),
         *rdma_families(snapshot),
         *diagnosis_families(snapshot),
+        *node_families(snapshot.node, snapshot.hostname),
         *exporter_families(snapshot),
         *process_families(),
     ]

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from stepscope.aws.topology import NodeTopology
 from stepscope.diagnose.engine import diagnose
 from stepscope.diagnose.thresholds import Thresholds
 from stepscope.diagnose.window import SnapshotWindow
@@ -111,6 +112,8 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
+        # EC2 placement, set once by the IMDS reader thread (a reference swap)
+        self.node_topology: NodeTopology | None = None
 
     @property
     def latest(self) -> RenderedSnapshot | None:
@@ -254,6 +257,7 @@ class Sampler:
             peak_flops=settings.peak_flops,
             host=host,
             rdma=rdma,
+            node=self.node_topology,
         )
         snapshot = self._diagnose(snapshot)
         rendered = RenderedSnapshot(snapshot, render(snapshot_families(snapshot, self._labels)))

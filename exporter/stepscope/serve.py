@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from stepscope.aws.topology import NodeTopology, read_in_background
 from stepscope.config import Config, ConfigError, load
 from stepscope.gpu.model import GpuBackend
 from stepscope.host.source import HostSource
@@ -116,6 +117,11 @@ async def run_server(
     sampler = Sampler(
         backend, settings_of(cfg), training=aggregator, host=HostSource(), rdma=read_rdma_ports
     )
+
+    def publish_node(node: NodeTopology) -> None:
+        sampler.node_topology = node
+
+    read_in_background(publish_node)  # EC2 placement via IMDSv2, never delays the start
     await asyncio.to_thread(sampler.sample_once)  # first scrape is never empty
     sampler.start()
     app = make_app(sampler, middlewares=web_cfg.middlewares() if web_cfg else ())

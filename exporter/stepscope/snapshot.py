@@ -10,6 +10,7 @@ import gzip
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stepscope.aws.topology import NodeTopology
 from stepscope.diagnose.model import Diagnosis
 from stepscope.gpu.model import GpuState
 from stepscope.host.model import HostReading
@@ -44,6 +45,8 @@ class Snapshot:
     host: HostReading | None = None
     rdma: tuple[RdmaPort, ...] = ()
     diagnosis: Diagnosis | None = None
+    # the EC2 placement read from IMDSv2 at start (None off EC2 or until it is read)
+    node: NodeTopology | None = None
 
     def age(self, now_monotonic: float) -> float:
         """Seconds since this snapshot was taken."""
