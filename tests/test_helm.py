@@ -23,7 +23,7 @@ from conftest import REPO, promtool
 
 CHART = REPO / "helm" / "stepscope"
 RULES = REPO / "deploy" / "prometheus" / "rules"
-DASHBOARDS = REPO / "dashboards"
+DASHBOARDS = REPO / "dashboards" / "json"
 KUBE_VERSION = "1.34.0"  # EKS standard support; the schemas of kubernetes-validate
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 
@@ -361,13 +361,13 @@ def chart_with_sources(tmp_path: Path) -> Iterator[Path]:
         "groups:\n- name: b\n  rules:\n  - alert: Down\n    expr: up == 0\n"
         "    annotations: {summary: '{{ $labels.instance }} is down'}\n"
     )
-    dashboards = root / "dashboards"
-    dashboards.mkdir()
+    dashboards = root / "dashboards" / "json"
+    dashboards.mkdir(parents=True)
     (dashboards / "stepscope-fleet.json").write_text(json.dumps({"title": "Fleet", "uid": "f"}))
     (dashboards / "README.md").write_text("not a dashboard")
     (chart / "rules").symlink_to("../../deploy/prometheus/rules")
     if not (chart / "dashboards").is_symlink():
-        (chart / "dashboards").symlink_to("../../dashboards")
+        (chart / "dashboards").symlink_to("../../dashboards/json")
     yield chart
 
 
@@ -382,7 +382,9 @@ def test_rules_and_dashboards_are_read_through_the_links(chart_with_sources: Pat
     assert cm["metadata"]["annotations"] == {"grafana_folder": "stepscope"}
     assert json.loads(cm["data"]["stepscope-fleet.json"]) == {"title": "Fleet", "uid": "f"}
     # the change a user makes in the source shows up in the next render
-    (chart_with_sources.parent.parent / "dashboards" / "stepscope-fleet.json").write_text("{}")
+    (chart_with_sources.parent.parent / "dashboards" / "json" / "stepscope-fleet.json").write_text(
+        "{}"
+    )
     objs = rendered_objects(chart=chart_with_sources)
     (cm,) = [o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("fleet")]
     assert cm["data"]["stepscope-fleet.json"] == "{}"
