@@ -7,7 +7,6 @@ intervals exists).
 
 from __future__ import annotations
 
-import html
 import time
 from collections.abc import Callable
 from typing import Protocol
@@ -15,8 +14,8 @@ from typing import Protocol
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from stepscope import __version__
 from stepscope.diagnose.api import diagnosis_document
+from stepscope.diagnose.page import render_status_page
 from stepscope.exposition import CONTENT_TYPE
 from stepscope.snapshot import RenderedSnapshot
 
@@ -77,39 +76,7 @@ def make_app(
     async def index(request: web.Request) -> web.Response:
         latest = source.latest
         _, reason = readiness(latest, clock())
-        rows = ""
-        if latest is not None:
-            snap = latest.snapshot
-            for g in snap.gpus:
-                rows += (
-                    f"<tr><td>{g.info.index}</td><td>{html.escape(g.info.name)}</td>"
-                    f"<td><code>{html.escape(g.info.uuid)}</code></td>"
-                    f"<td>{'up' if g.up else '<b>down</b>'}</td>"
-                    f"<td>{'yes' if g.info.profiling_supported else 'no'}</td></tr>"
-                )
-            summary = (
-                f"Host <b>{html.escape(snap.hostname)}</b>, backend <b>{snap.backend}</b>, "
-                f"{len(snap.gpus)} GPU(s), sampled every {snap.interval:g} s "
-                f"(costly counters every {snap.slow_interval:g} s)."
-            )
-        else:
-            summary = "Waiting for the first sampling pass."
-        page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>stepscope exporter</title></head>
-<body>
-<h1>stepscope {__version__}</h1>
-<p>Per-node exporter for distributed training: DCGM-compatible GPU metrics.</p>
-<p>{summary}</p>
-<p>Readiness: {html.escape(reason)}</p>
-<ul>
-<li><a href="metrics">/metrics</a>: Prometheus metrics</li>
-<li><a href="healthz">/healthz</a>: liveness</li>
-<li><a href="readyz">/readyz</a>: readiness</li>
-</ul>
-<table border="1" cellpadding="4"><tr><th>gpu</th><th>model</th><th>UUID</th><th>state</th>
-<th>profiling (GPM)</th></tr>{rows}</table>
-</body></html>
-"""
+        page = render_status_page(latest.snapshot if latest else None, reason)
         return web.Response(text=page, content_type="text/html")
 
     async def diagnosis(request: web.Request) -> web.Response:
