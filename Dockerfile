@@ -19,9 +19,10 @@ RUN python -m venv /opt/stepscope
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter/ exporter/
-# Not editable, no test extra: only what `stepscope serve` needs (no boto3: the AWS
-# features import it on use; add it with --build-arg EXTRAS=aws for `stepscope discover`).
-ARG EXTRAS=""
+# Not editable, no test extra. auth: bcrypt for basic auth in --web-config; aws: botocore
+# for stepscope_node_info (IMDSv2) and boto3 for `stepscope discover`. Both optional:
+# --build-arg EXTRAS= builds the smallest image, which serves without them.
+ARG EXTRAS="auth,aws"
 RUN /opt/stepscope/bin/pip install --no-compile ".${EXTRAS:+[$EXTRAS]}" \
     && /opt/stepscope/bin/python -m compileall -q /opt/stepscope/lib
 

@@ -159,29 +159,42 @@ def test_build_context_holds_only_the_package_sources() -> None:
         assert _excluded(private, rules), private
 
 
+def _extras() -> str:
+    build = _stages(_instructions())[0]
+    (arg,) = [c.value[0] for c in build if c.cmd == "ARG" and c.value[0].startswith("EXTRAS=")]
+    return arg.partition("=")[2].strip('"')
+
+
 @pytest.fixture(scope="module")
 def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The build stage's steps (venv, pip install of the context) run here."""
+    """The build stage's steps (venv, pip install of the context with the image's
+    extras) run here."""
     root = tmp_path_factory.mktemp("image")
     ctx = build_context(root / "src")
     venv = root / "opt-stepscope"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    extras = _extras()
+    spec = f"{ctx}[{extras}]" if extras else str(ctx)
     subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", "--no-compile", str(ctx)],
+        [str(venv / "bin" / "pip"), "install", "-q", "--no-compile", spec],
         check=True,
         capture_output=True,
     )
     yield venv
 
 
-def test_image_install_serves_simulated_gpus_without_boto3(image_venv: Path) -> None:
+def test_image_install_has_its_extras_and_serves_simulated_gpus(image_venv: Path) -> None:
     py = str(image_venv / "bin" / "python")
-    assert subprocess.run([py, "-c", "import boto3"], capture_output=True).returncode != 0
+    for module, extra in (("bcrypt", "auth"), ("boto3", "aws"), ("botocore.utils", "aws")):
+        found = subprocess.run([py, "-c", f"import {module}"], capture_output=True).returncode == 0
+        assert found == (extra in _extras().split(",")), module
+    assert subprocess.run([py, "-c", "import pytest"], capture_output=True).returncode != 0
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VIRTUAL_ENV"))}
     env.update(
         PYTHONUNBUFFERED="1",
         PATH=f"{image_venv / 'bin'}:{env.get('PATH', '')}",
         STEPSCOPE_INGEST="udp://127.0.0.1:0",
+        AWS_EC2_METADATA_DISABLED="true",
     )
     proc = subprocess.Popen(
         [
