@@ -1,0 +1,128 @@
+"""The live status page in a real browser: headless Chromium renders it from a live exporter.
+
+Assertions are on the DOM Chromium rendered (``--dump-dom``); a screenshot is kept as
+an artifact ($STEPSCOPE_ARTIFACTS/status-page.png when set, else in the test's tmp dir).
+Needs the Debian ``chromium`` package; skipped without it unless
+STEPSCOPE_REQUIRE_CHROMIUM is set (CI sets it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import wait_for
+
+CHROMIUM_FLAGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]  # fmt: skip
+
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    if os.environ.get("STEPSCOPE_REQUIRE_CHROMIUM"):
+        pytest.fail("chromium is required (STEPSCOPE_REQUIRE_CHROMIUM is set)")
+    pytest.skip("chromium not installed (Debian package chromium)")
+
+
+def browse(url: str, tmp: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    profile = tmp / f"profile-{time.monotonic_ns()}"
+    return subprocess.run(
+        [chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *extra, url],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_status_page_shows_a_card_per_gpu_and_rank_with_verdicts_in_chromium(
+    exporter_factory: Any, tmp_path: Path
+) -> None:
+    chromium()
+    port = _free_udp_port()
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text(json.dumps({
+        "gpus": 3, "model": "NVIDIA H200",
+        "timeline": [{"gpus": [1], "thermal": "sw"}, {"gpus": [2], "precision": "fp32"}],
+    }))  # fmt: skip
+    cfg = tmp_path / "stepscope.yaml"
+    cfg.write_text(
+        f"interval: 0.3\nslow_interval: 1\nscenario: {scenario}\nhostname: node-7\n"
+        f"ingest: udp://127.0.0.1:{port}\ndiagnosis: {{window: 3}}\n"
+    )
+    exp = exporter_factory(["--config", str(cfg)])
+    uuid0 = next(v["subject"]["uuid"] for v in json.loads(exp.get("/api/v1/diagnosis")[2])[
+        "verdicts"] if v["subject"]["gpu"] == 0)  # fmt: skip
+    stop = threading.Event()
+
+    def rank() -> None:  # an input-starved rank on GPU 0: 60% of each step waits for data
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            step = 0
+            while not stop.is_set():
+                s.sendto(json.dumps({
+                    "v": 1, "type": "step", "job": "resnet", "rank": 0, "local_rank": 0,
+                    "step": step, "t": time.time(), "dur": 0.1, "data": 0.06, "compute": 0.035,
+                    "comm": 0.0, "uuid": uuid0, "world_size": 1, "warmup": step < 2,
+                }).encode(), ("127.0.0.1", port))  # fmt: skip
+                step += 1
+                stop.wait(0.1)
+
+    sender = threading.Thread(target=rank, daemon=True)
+    sender.start()
+    try:
+        wait_for(lambda: any(
+            v["kind"] == "input" for v in json.loads(exp.get("/api/v1/diagnosis")[2])["verdicts"]
+        ), timeout=20)  # fmt: skip
+        url = exp.url + "/"
+        dom = browse(url, tmp_path, "--dump-dom", "--virtual-time-budget=1000")
+        assert dom.returncode == 0, dom.stderr
+        shot_dir = Path(os.environ.get("STEPSCOPE_ARTIFACTS") or tmp_path)
+        shot_dir.mkdir(parents=True, exist_ok=True)
+        shot = shot_dir / "status-page.png"
+        png = browse(url, tmp_path, f"--screenshot={shot}", "--window-size=1280,1000",
+                     "--hide-scrollbars")  # fmt: skip
+        assert png.returncode == 0, png.stderr
+    finally:
+        stop.set()
+        sender.join()
+    html = dom.stdout
+    cards = re.findall(
+        r'<section class="card ([a-z_ ]+)" data-kind="([a-z_]+)" data-modifiers="([a-z0-9_,]*)" '
+        r'data-subject="([^"]+)">',
+        html,
+    )
+    by_subject = {subject: (cls, kind, mods) for cls, kind, mods, subject in cards}
+    assert by_subject == {
+        "resnet/rank 0 (gpu 0)": ("bottleneck", "input", ""),
+        "gpu 1": ("bottleneck", "compute", "thermal_throttle"),
+        "gpu 2": ("compute", "compute", "fp32_no_tensor"),
+    }
+    assert "node-7" in html and 'id="status">bottleneck<' in html
+    assert "raise num_workers" in html and "mixed precision" in html
+    rank_card = html[html.index('data-subject="resnet/rank 0 (gpu 0)"'):]
+    rank_card = rank_card[: rank_card.index("</section>")]
+    assert "<svg" in rank_card and "<rect" in rank_card  # the step-phase chart drew bars
+    assert 'data-signal="SM active"' in rank_card and "step 0.100 s" in rank_card
+    assert '<meta http-equiv="refresh"' in html
+    # no external assets: every src/href is relative to the exporter
+    assert not re.search(r'(?:src|href)="(?:https?:)?//', html)
+    assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
