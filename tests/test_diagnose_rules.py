@@ -259,3 +259,15 @@ def test_thresholds_are_validated_with_the_key_named() -> None:
         parse_thresholds({"input_share": 2})
     with pytest.raises(ValueError, match="window"):
         parse_thresholds({"window": "soon"})
+
+
+def test_cpu_saturation_is_judged_over_the_cpus_the_rank_may_use() -> None:
+    """A rank pinned to 4 of 16 CPUs with all 4 pegged has no headroom, however idle the rest."""
+    node = Node({"gpus": 1})
+    node.host.reading = HostReading(
+        16, (0.98,) * 4 + (0.05,) * 12,
+        processes={PID: ProcessReading(PID, 0.5, 3, 2.8, cpus=(0, 1, 2, 3))},
+    )  # fmt: skip
+    v = by_rank(node.run(20, lambda: node.step(0, 0.5, data=0.3, gpu=0)))[0]
+    assert v.kind == "input_cpu"
+    assert v.signals["cpu_busy"] == pytest.approx(0.98)

@@ -290,12 +290,20 @@ def host_window(pid: int | None, window: Sequence[Snapshot]) -> HostWindow | Non
             sum(p.cpu_cores for p in procs) / len(procs),
             round(sum(p.workers for p in procs) / len(procs)),
             sum(p.workers_cpu_cores for p in procs) / len(procs),
+            procs[-1].cpus,
         )
     # the first reading's CPU figures are since boot: skip it when there are others
     recent = readings[1:] if len(readings) > 1 else readings
+    # saturation is judged over the CPUs the rank may use (its affinity), if known
+    cpus = procs[-1].cpus if procs else ()
+
+    def busy(h: HostReading) -> float:
+        mine = [h.cpu_busy[c] for c in cpus if c < len(h.cpu_busy)]
+        return sum(mine) / len(mine) if mine and len(mine) < len(h.cpu_busy) else h.busy
+
     return HostWindow(
-        cpu_count=readings[-1].cpu_count,
-        busy=_mean([h.busy for h in recent]),
+        cpu_count=len(cpus) if cpus else readings[-1].cpu_count,
+        busy=_mean([busy(h) for h in recent]),
         iowait=_mean([h.iowait for h in recent]),
         cpu_pressure=_mean([h.cpu_pressure.some_avg10 if h.cpu_pressure else None for h in recent]),
         io_pressure=_mean([h.io_pressure.some_avg10 if h.io_pressure else None for h in recent]),

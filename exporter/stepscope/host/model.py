@@ -26,12 +26,15 @@ class ProcessReading:
     ``workers`` counts the rank's child processes other than multiprocessing's
     own helpers (resource tracker, fork server): with PyTorch these are the
     DataLoader workers.
+    ``cpus``: its CPU affinity (a cpuset or ``taskset``): "the CPUs are saturated"
+    is judged over these, not over the whole host.
     """
 
     pid: int
     cpu_cores: float
     workers: int
     workers_cpu_cores: float
+    cpus: tuple[int, ...] = ()  # the CPUs the process may run on (affinity); () unknown
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,11 @@ class HostSource:
             seen[child.pid] = (child, cpu)
             workers += 1
         tracked.children = seen
-        return ProcessReading(pid, main / dt, workers, workers_cpu / dt)
+        try:
+            cpus = tuple(sorted(tracked.proc.cpu_affinity() or ()))
+        except (psutil.Error, AttributeError, OSError):  # no affinity on this platform
+            cpus = ()
+        return ProcessReading(pid, main / dt, workers, workers_cpu / dt, cpus)
 
     def read(self, pids: Iterable[int] = ()) -> HostReading:
         """One reading; ``pids`` are the training ranks' processes to look at."""
