@@ -215,6 +215,7 @@ class StepReporter:
         sync: bool = False,
         start_step: int = 0,
         retry_interval: float = 1.0,
+        gpu_uuid: str | None = None,
     ) -> None:
         if not isinstance(job, str):
             raise TypeError(f"job must be a str, got {type(job).__name__}")
@@ -257,7 +258,13 @@ class StepReporter:
         self.job = job
         self.precision = precision
         self.sync = sync
-        self.uuid: str | None = None
+        if gpu_uuid is not None and (
+            not isinstance(gpu_uuid, str) or not schema.LABEL_VALUE_RE.match(gpu_uuid)
+        ):
+            raise ValueError(f"gpu_uuid must be a GPU UUID like 'GPU-...', got {gpu_uuid!r}")
+        # Given explicitly (JAX, a launcher that knows the device), it wins over torch's.
+        self._uuid_given = gpu_uuid is not None
+        self.uuid: str | None = gpu_uuid
         url = ingest if ingest is not None else os.environ.get(schema.INGEST_ENV)
         self.ingest = parse_ingest(url or schema.DEFAULT_INGEST)
         # The sender reads the encoder through this lambda, so it never holds the
@@ -550,7 +557,12 @@ class StepReporter:
         elif use and (torch is None or not torch.cuda.is_available()):
             self._warn_once("cuda", "stepscope: cuda=True but torch has no CUDA; host timing")
             use = False
-        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        if (
+            not self._uuid_given
+            and torch is not None
+            and torch.cuda.is_available()
+            and torch.cuda.is_initialized()
+        ):
             # the rank's GPU, so the exporter can join the rank with its metrics
             self.uuid = cuda_device_uuid(torch, torch.cuda.current_device())
             self._encoder_holder[0] = self._make_encoder()

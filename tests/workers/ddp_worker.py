@@ -1,0 +1,53 @@
+"""One rank of a real 2-process DDP job (gloo, CPU) reporting through StepReporter.
+
+Started by tests/test_train_exporter_e2e.py with torchrun-style environment
+variables; argv: ingest URL, GPU UUID to report, job name, steps, tokens per step,
+FLOPs per token, seconds rank 1 sleeps before each backward (0 = none).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from stepscope.train import StepReporter
+
+
+def main() -> int:
+    ingest, uuid, job = sys.argv[1], sys.argv[2], sys.argv[3]
+    steps, tokens, fpt = int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
+    delay = float(sys.argv[7])
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    model = DistributedDataParallel(
+        nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    rep = StepReporter(job=job, flops_per_token=fpt, ingest=ingest, gpu_uuid=uuid,
+                       warmup_steps=3)
+    assert rep.watch_ddp(model)
+    data = [torch.randn(tokens, 256) for _ in range(steps)]
+    for x in rep.timed(data):
+        with rep.step(tokens=tokens):
+            loss = model(x).pow(2).mean()
+            if rank == 1 and delay:
+                time.sleep(delay)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    rep.close(timeout=5)
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {rank} steps {rep.steps} dropped {rep.dropped}", flush=True)
+    return 0 if rep.dropped == 0 else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main())
