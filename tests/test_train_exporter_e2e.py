@@ -26,7 +26,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_job(ingest: str, uuids: dict[str, str], job: str, delay: float) -> None:
+def run_job(ingest: str, uuids: dict[str, str], job: str, delay: float,
+            collate_sleep: float = 0.0) -> None:
     port = free_port()
     procs = []
     for rank in (0, 1):
@@ -35,7 +36,8 @@ def run_job(ingest: str, uuids: dict[str, str], job: str, delay: float) -> None:
                "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "exporter")}
         procs.append(subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "workers" / "ddp_worker.py"), ingest,
-             uuids[str(rank)], job, str(STEPS), str(TOKENS), str(FPT), str(delay)],
+             uuids[str(rank)], job, str(STEPS), str(TOKENS), str(FPT), str(delay),
+             str(collate_sleep)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for p in procs:
         out, _ = p.communicate(timeout=120)
@@ -103,5 +105,25 @@ def test_a_rank_delayed_before_backward_grows_the_other_ranks_comm(tmp_path: Pat
         # rank 0 waits ~50 ms per measured step on rank 1's all-reduce; rank 1 does not
         assert comm["0"] > 0.6 * 0.05 * (STEPS - 3)
         assert comm["0"] > 3 * comm["1"]
+    finally:
+        assert exp.stop() == 0
+
+
+def test_a_data_starved_loader_shows_data_wait_dominating(tmp_path: Path) -> None:
+    ingest = f"unix://{tmp_path}/ingest.sock"
+    exp = start_exporter(["--simulate", "2", "--ingest", ingest])
+    try:
+        uuids = {lbl["gpu"]: lbl["UUID"]
+                 for lbl, _ in parse_samples(exp.metrics())["stepscope_gpu_up"]}
+        run_job(ingest, uuids, "starved", delay=0.0, collate_sleep=0.04)
+        f = wait_for(lambda: (g := parse_samples(exp.metrics())) and per_rank(
+            g, "stepscope_steps_total", "starved") == {"0": STEPS, "1": STEPS} and g, timeout=30)
+        total = per_rank(f, "stepscope_step_duration_seconds_sum", "starved")
+        for rank in ("0", "1"):
+            phase = {p: per_rank(f, "stepscope_step_phase_seconds_total", "starved",
+                                 phase=p)[rank] for p in ("data_wait", "compute", "comm")}
+            assert phase["data_wait"] > 0.5 * total[rank]
+            assert phase["data_wait"] > phase["compute"] + phase["comm"]
+            assert phase["data_wait"] >= 0.9 * 0.04 * (STEPS - 3)
     finally:
         assert exp.stop() == 0

@@ -2,7 +2,8 @@
 
 Started by tests/test_train_exporter_e2e.py with torchrun-style environment
 variables; argv: ingest URL, GPU UUID to report, job name, steps, tokens per step,
-FLOPs per token, seconds rank 1 sleeps before each backward (0 = none).
+FLOPs per token, seconds rank 1 sleeps before each backward (0 = none), seconds the
+DataLoader's collate sleeps per batch (0 = none: a data-starved loader otherwise).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def main() -> int:
     ingest, uuid, job = sys.argv[1], sys.argv[2], sys.argv[3]
     steps, tokens, fpt = int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6])
     delay = float(sys.argv[7])
+    collate_sleep = float(sys.argv[8]) if len(sys.argv) > 8 else 0.0
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -32,8 +34,16 @@ def main() -> int:
     rep = StepReporter(job=job, flops_per_token=fpt, ingest=ingest, gpu_uuid=uuid,
                        warmup_steps=3)
     assert rep.watch_ddp(model)
-    data = [torch.randn(tokens, 256) for _ in range(steps)]
-    for x in rep.timed(data):
+    samples = [torch.randn(256) for _ in range(steps * tokens)]
+
+    def collate(batch: list[torch.Tensor]) -> torch.Tensor:
+        if collate_sleep:
+            time.sleep(collate_sleep)  # heavy preprocessing on the main process
+        return torch.stack(batch)
+
+    loader = torch.utils.data.DataLoader(samples, batch_size=tokens, collate_fn=collate,
+                                         num_workers=0)
+    for x in rep.timed(loader):
         with rep.step(tokens=tokens):
             loss = model(x).pow(2).mean()
             if rank == 1 and delay:
