@@ -92,6 +92,9 @@ def run_row(heavy: bool, workers: int, seconds: float, port: int, ingest: str,
     loader = torch.utils.data.DataLoader(
         Synthetic(heavy), batch_size=64, num_workers=workers, pin_memory=True,
         persistent_workers=workers > 0, prefetch_factor=2 if workers else None,
+        # this process has initialised CUDA: forked workers crash on inherited CUDA
+        # state (seen on the H200: "CUDA error: initialization error"), so spawn them
+        multiprocessing_context="spawn" if workers else None,
     )  # fmt: skip
     rep = StepReporter(job, precision="fp32", warmup_steps=5, ingest=ingest)
     scrapes: list[tuple[float | None, float | None]] = []
@@ -176,6 +179,7 @@ def main() -> int:
     if args.cpus:
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[: args.cpus]))
     cpus = len(os.sched_getaffinity(0))
+    torch.set_num_threads(cpus)  # intra-op threads beyond the pinned CPUs only spin
     torch.backends.cudnn.benchmark = True
     tmp = Path(tempfile.mkdtemp(prefix="stepscope-diag-"))
     ingest = f"unix://{tmp}/ingest.sock"
@@ -210,7 +214,13 @@ def main() -> int:
         plan = [(False, w) for w in (0, 2, 4, 8)] + [(True, w) for w in (0, 1, 2, 3)]
         plan.append((True, cpus))  # every CPU a worker: the CPUs are the limit
         for heavy, workers in plan:
-            row = run_row(heavy, workers, args.seconds, port, ingest, uuid)
+            try:
+                row = run_row(heavy, workers, args.seconds, port, ingest, uuid)
+            except Exception as exc:  # one broken row must not lose the others
+                row = {"preprocessing": "heavy" if heavy else "light", "num_workers": workers,
+                       "steps_per_s": 0.0, "gpu_util": None, "sm_active": None,
+                       "data_wait_share": None, "dataloader_cpu_cores": None,
+                       "cpu_busy": None, "verdict": f"error: {exc}", "evidence": []}
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "evidence"}), flush=True)
     finally:
