@@ -162,6 +162,8 @@ def test_data_wait_with_the_loader_in_the_training_process_is_input() -> None:
     ("busy", "per_worker", "io", "kind"),
     [
         (0.95, 0.95, 0.0, "input_cpu"),  # workers pegged and no free CPU
+        (0.97, 0.20, 0.0, "input_cpu"),  # workers starved of CPU by other work
+        (0.97, 0.05, 0.45, "input_io"),  # idle workers under IO pressure: storage
         (0.40, 0.95, 0.0, "input"),  # workers pegged, CPUs free: add workers
         (0.20, 0.05, 0.0, "input_io"),  # workers idle while the rank waits: blocked reads
         (0.50, 0.50, 0.45, "input_io"),  # IO pressure

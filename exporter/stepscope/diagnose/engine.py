@@ -337,8 +337,9 @@ def _input_verdict(host: HostWindow | None, th: Thresholds) -> tuple[str, list[s
     )
     per_worker = proc.workers_cpu_cores / proc.workers if proc.workers else 0.0
     saturated = host.busy is not None and host.busy >= th.cpu_saturated
-    if proc.workers and per_worker >= th.worker_busy and saturated:
-        return "input_cpu", [*ev, "the workers are CPU-bound and the CPUs have no headroom"]
+    if proc.workers and saturated and (per_worker >= th.worker_blocked or not io_stalled):
+        # busy workers, or workers starved of CPU by other work: either way no headroom
+        return "input_cpu", [*ev, "the CPUs the rank may use have no headroom for more workers"]
     if io_stalled:
         return "input_io", [*ev, "storage stalls (IO pressure / iowait high)"]
     if proc.workers and per_worker < th.worker_blocked:
@@ -349,7 +350,9 @@ def _input_verdict(host: HostWindow | None, th: Thresholds) -> tuple[str, list[s
         ]
     if not proc.workers:
         return "input", [*ev, "the batches are made in the training process (num_workers=0)"]
-    return "input", [*ev, "the workers are CPU-bound but CPUs are free for more of them"]
+    if per_worker >= th.worker_busy:
+        return "input", [*ev, "the workers are CPU-bound but CPUs are free for more of them"]
+    return "input", [*ev, "the workers are partly busy and the CPUs have headroom"]
 
 
 def _rdma_rate(window: Sequence[Snapshot]) -> tuple[int, float | None]:
