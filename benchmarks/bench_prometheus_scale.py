@@ -185,6 +185,10 @@ def run(prometheus: str, template: str, nodes: int, seconds: float) -> dict[str,
                 name = s["metric"]["rule_group"].split(";")[-1]
                 groups.setdefault(name, []).append(float(s["value"][1]))
             time.sleep(5)
+        rules: dict[str, float] = {}
+        for group in json.loads(get(url + "/api/v1/rules"))["data"]["groups"]:
+            for rule in group["rules"]:
+                rules[rule["name"]] = 1000 * float(rule["evaluationTime"])
         latencies = {}
         for name, q in QUERIES.items():
             times = []
@@ -202,6 +206,7 @@ def run(prometheus: str, template: str, nodes: int, seconds: float) -> dict[str,
             "rss_mib": scalar('process_resident_memory_bytes{job="prometheus"}') / 2**20,
             "groups_ms": {g: 1000 * statistics.median(v) for g, v in sorted(groups.items())},
             "query_ms": {k: 1000 * v for k, v in latencies.items()},
+            "rules_ms": rules,
         }
     finally:
         proc.terminate()
@@ -233,6 +238,10 @@ def main() -> int:
                f"{r['samples_per_s']:.0f}", f"{r['rss_mib']:.0f}",
                *[f"{r['groups_ms'].get(g, float('nan')):.2f}" for g in groups]]
         print("| " + " | ".join(row) + " |")
+    print("\n| costliest rules at the largest size (ms, last evaluation) | |")
+    print("|---|---|")
+    for name, ms in sorted(results[-1]["rules_ms"].items(), key=lambda kv: -kv[1])[:8]:
+        print(f"| {name} | {ms:.1f} |")
     print("\n| query (ms, median of 7) | " + " | ".join(f"{r['nodes']} nodes" for r in results)
           + " |")
     print("|---|" + "---|" * len(results))
