@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -188,12 +189,25 @@ def main() -> int:
     )
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO / "exporter"), "PYTHONUNBUFFERED": "1"}
-    log = open(args.out / "diagnose_exporter.log", "w")  # noqa: SIM115
-    exporter = subprocess.Popen(
-        [sys.executable, "-m", "stepscope", "serve", "--listen", f"127.0.0.1:{port}",
+    # The exporter must not be a child of this (training) process: stepscope counts the
+    # rank's children as its DataLoader workers. sh starts it in the background and exits,
+    # so it is re-parented; we keep its pid to stop it.
+    launcher = subprocess.run(
+        ["sh", "-c", 'exec "$@" >"$LOG" 2>&1 </dev/null & echo $!', "sh", sys.executable, "-m",
+         "stepscope", "serve", "--listen", f"127.0.0.1:{port}",
          "--config", str(tmp / "stepscope.yaml")],
-        stdout=log, stderr=subprocess.STDOUT, env=env,
+        env={**env, "LOG": str(args.out / "diagnose_exporter.log")},
+        capture_output=True, text=True, check=True,
     )  # fmt: skip
+    exporter_pid = int(launcher.stdout.strip())
+
+    def exporter_alive() -> bool:
+        try:
+            os.kill(exporter_pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -201,7 +215,7 @@ def main() -> int:
                 get(port, "/readyz")
                 break
             except OSError:
-                if exporter.poll() is not None or time.monotonic() > deadline:
+                if not exporter_alive() or time.monotonic() > deadline:
                     print((args.out / "diagnose_exporter.log").read_text())
                     return 1
                 time.sleep(0.2)
@@ -224,8 +238,11 @@ def main() -> int:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "evidence"}), flush=True)
     finally:
-        exporter.terminate()
-        exporter.wait(timeout=15)
+        if exporter_alive():
+            os.kill(exporter_pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while exporter_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
     gpu = torch.cuda.get_device_name(0)
     lines = [
         f"# Diagnosis on {gpu}: BACKGROUND.md's reproduction (resnet18 fp32, batch 64, "

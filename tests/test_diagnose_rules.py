@@ -158,11 +158,22 @@ def test_data_wait_with_the_loader_in_the_training_process_is_input() -> None:
     assert v.signals["dataloader_workers"] == 0
 
 
+def test_an_idle_child_of_a_busy_training_process_is_not_a_blocked_loader() -> None:
+    """H200 run: num_workers=0 with an unrelated idle child read input_io; it is input."""
+    node = Node({"gpus": 1})
+    node.host.reading = HostReading(
+        4, (0.83,) * 4, processes={PID: ProcessReading(PID, 3.3, 1, 0.01)}
+    )
+    v = by_rank(node.run(20, lambda: node.step(0, 0.15, data=0.135, gpu=0)))[0]
+    assert v.kind == "input" and "num_workers" in v.advice
+
+
 @pytest.mark.parametrize(
     ("busy", "per_worker", "io", "kind"),
     [
         (0.95, 0.95, 0.0, "input_cpu"),  # workers pegged and no free CPU
         (0.97, 0.20, 0.0, "input_cpu"),  # workers starved of CPU by other work
+        (0.89, 0.35, 0.0, "input_cpu"),  # H200 light/8: 9 workers share 4 busy CPUs
         (0.97, 0.05, 0.45, "input_io"),  # idle workers under IO pressure: storage
         (0.40, 0.95, 0.0, "input"),  # workers pegged, CPUs free: add workers
         (0.20, 0.05, 0.0, "input_io"),  # workers idle while the rank waits: blocked reads

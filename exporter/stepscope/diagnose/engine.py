@@ -342,14 +342,16 @@ def _input_verdict(host: HostWindow | None, th: Thresholds) -> tuple[str, list[s
         return "input_cpu", [*ev, "the CPUs the rank may use have no headroom for more workers"]
     if io_stalled:
         return "input_io", [*ev, "storage stalls (IO pressure / iowait high)"]
-    if proc.workers and per_worker < th.worker_blocked:
+    if not proc.workers or (per_worker < th.worker_blocked and proc.cpu_cores >= th.worker_busy):
+        # no workers, or children that do nothing while the rank's own process is busy:
+        # the batches are made in the training process
+        return "input", [*ev, "the batches are made in the training process (num_workers=0)"]
+    if per_worker < th.worker_blocked:
         return "input_io", [
             *ev,
             f"workers use only {per_worker:.2f} cores each while the rank waits: they are "
             "blocked reading data, not computing",
         ]
-    if not proc.workers:
-        return "input", [*ev, "the batches are made in the training process (num_workers=0)"]
     if per_worker >= th.worker_busy:
         return "input", [*ev, "the workers are CPU-bound but CPUs are free for more of them"]
     return "input", [*ev, "the workers are partly busy and the CPUs have headroom"]
