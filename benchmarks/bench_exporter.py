@@ -28,7 +28,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
+
+from _local import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,12 +55,6 @@ class Result:
     body_kb: float
     gzip_kb: float
     own_sample_cpu_ms_per_pass: float | None = None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def fetch(conn: http.client.HTTPConnection, path: str, gz: bool) -> bytes:

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import psutil
 
+from _local import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 RANKS = 8
 
@@ -85,13 +87,6 @@ def in_process(n: int) -> Row:
             agg.add(rec)
     seconds = time.perf_counter() - start
     return Row("in-process (parse+aggregate)", n, agg.view().accepted, seconds, None)
-
-
-def free_port(kind: int) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Exporter:

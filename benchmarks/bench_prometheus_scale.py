@@ -36,6 +36,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from _local import free_port, get
+
 REPO = Path(__file__).resolve().parent.parent
 RULES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
 H100_BF16 = 989.4e12
@@ -49,19 +51,6 @@ QUERIES = {
         " / rate(stepscope_step_duration_seconds_count[2m])"),
     "straggler score, recorded": "job_rank:stepscope_straggler_score:ratio",
 }
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=30) as resp:
-        body: bytes = resp.read()
-        return body
 
 
 def one_node_exposition() -> str:
@@ -78,7 +67,7 @@ def one_node_exposition() -> str:
         text = ""
         while time.monotonic() < deadline:
             try:
-                text = get(f"http://127.0.0.1:{port}/metrics").decode()
+                text = get(f"http://127.0.0.1:{port}/metrics", timeout=30).decode()
                 break
             except OSError:
                 time.sleep(0.2)
@@ -95,7 +84,7 @@ def one_node_exposition() -> str:
             time.sleep(0.1)
         sock.close()
         time.sleep(1.5)
-        return get(f"http://127.0.0.1:{port}/metrics").decode()
+        return get(f"http://127.0.0.1:{port}/metrics", timeout=30).decode()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)

@@ -15,29 +15,18 @@ import argparse
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
+
+from _local import free_port, scrape
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "exporter"))
 
 PEAK_BF16 = 989.4e12
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        return str(r.read().decode())
 
 
 def series(text: str, name: str, match: str = "") -> list[float]:

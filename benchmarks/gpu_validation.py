@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 import statistics
 import subprocess
 import sys
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
+
+from _local import free_port, scrape
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -69,17 +69,6 @@ SERIES = [
     ("temp C", "DCGM_FI_DEV_GPU_TEMP"),
     ("reasons", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        return str(r.read().decode())
 
 
 def value(text: str, name: str, gpu: str = "0", extra: str = "") -> float | None:
