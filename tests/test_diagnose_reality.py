@@ -152,7 +152,7 @@ def test_heavy_augmentation_with_workers_on_every_cpu_is_input_cpu(
         v = settle(exp, "heavyN", 0, "input_cpu", procs,
                    f"heavy augmentation, num_workers={CPUS} (one per CPU)")  # fmt: skip
         assert v["signals"]["dataloader_workers"] == CPUS
-        assert v["signals"]["dataloader_cpu_cores"] > 0.6 * CPUS
+        assert v["signals"]["dataloader_cpu_cores"] > 0.4 * CPUS  # the workers do the work
         assert "more workers will not help" in v["advice"]
     finally:
         _stop(procs)
