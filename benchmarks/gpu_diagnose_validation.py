@@ -20,29 +20,23 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+from _local import free_port
+from _local import get as get_url
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "exporter"))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def get(port: int, path: str) -> bytes:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
-        return bytes(r.read())
+    return get_url(f"http://127.0.0.1:{port}{path}")
 
 
 def gpu_value(text: str, name: str, uuid: str) -> float | None:

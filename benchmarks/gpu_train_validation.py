@@ -21,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from _local import free_port, scrape
+from _local import free_port, scrape, wait_for_exporter
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "exporter"))
@@ -64,16 +64,8 @@ def main() -> int:
         [sys.executable, "-m", "stepscope", "serve", "--listen", f"127.0.0.1:{port}",
          "--ingest", ingest, "--mfu-window", "20"],
         stdout=log, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            scrape(port)
-            break
-        except OSError:
-            if exporter.poll() is not None or time.monotonic() > deadline:
-                print((args.out / "train_exporter.log").read_text())
-                return 1
-            time.sleep(0.2)
+    if not wait_for_exporter(port, exporter, args.out / "train_exporter.log"):
+        return 1
 
     d_model, n_layers, n_heads, seq, batch, vocab = 2048, 12, 16, 2048, 8, 32768
     head_dim = d_model // n_heads

@@ -26,7 +26,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from _local import free_port, scrape
+from _local import free_port, scrape, wait_for_exporter
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -127,16 +127,8 @@ def main() -> int:
             preexec_fn=drop_privileges if as_root else None,
         )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                scrape(port)
-                break
-            except OSError:
-                if exporter.poll() is not None or time.monotonic() > deadline:
-                    print(log_path.read_text())
-                    return 1
-                time.sleep(0.2)
+        if not wait_for_exporter(port, exporter, log_path):
+            return 1
         status = Path(f"/proc/{exporter.pid}/status").read_text()
         uid_line = next(ln for ln in status.splitlines() if ln.startswith("Uid:"))
 

@@ -11,8 +11,9 @@ its own signals. docs/diagnosis.md states every rule; the thresholds are
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from stepscope.diagnose.advice import advice_for
 from stepscope.diagnose.model import Diagnosis, Subject, Verdict
@@ -158,11 +159,19 @@ def _gpu_idle(gpu: GpuWindow, th: Thresholds) -> bool:
     )
 
 
-def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
-    """A GPU no rank reported: what its own signals can honestly say."""
-    subject = Subject(gpu=gpu.info.index, uuid=gpu.info.uuid, model=gpu.info.name)
-    signals = _gpu_signals(gpu)
-    ev = _gpu_evidence(gpu)
+class _MakeVerdict(Protocol):
+    def __call__(
+        self, kind: str, mods: Sequence[str] = (), why: Sequence[str] = ()
+    ) -> Verdict: ...
+
+
+def _verdict_maker(
+    subject: Subject,
+    ev: list[str],
+    signals: Mapping[str, float | None],
+    series: Mapping[str, tuple[float | None, ...]],
+) -> _MakeVerdict:
+    """A verdict constructor for one subject: its evidence so far plus the rule's ``why``."""
 
     def verdict(kind: str, mods: Sequence[str] = (), why: Sequence[str] = ()) -> Verdict:
         return Verdict(
@@ -172,8 +181,19 @@ def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
             advice_for(kind, tuple(mods)),
             tuple([*ev, *why]),
             signals,
-            gpu.series,
+            series,
         )
+
+    return verdict
+
+
+def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
+    """A GPU no rank reported: what its own signals can honestly say."""
+    subject = Subject(gpu=gpu.info.index, uuid=gpu.info.uuid, model=gpu.info.name)
+    signals = _gpu_signals(gpu)
+    ev = _gpu_evidence(gpu)
+
+    verdict = _verdict_maker(subject, ev, signals, gpu.series)
 
     if not gpu.up:
         return verdict("unknown", why=["the GPU is down (stopped answering NVML)"])
@@ -425,16 +445,7 @@ def rank_verdict(
         )
     ev += _gpu_evidence(gpu)
 
-    def verdict(kind: str, mods: Sequence[str] = (), why: Sequence[str] = ()) -> Verdict:
-        return Verdict(
-            subject,
-            kind,
-            tuple(mods),
-            advice_for(kind, tuple(mods)),
-            tuple([*ev, *why]),
-            signals,
-            history,
-        )
+    verdict = _verdict_maker(subject, ev, signals, history)
 
     if rw.steps < th.min_steps:
         if rw.all_steps == 0:
