@@ -284,3 +284,16 @@ def test_cpu_saturation_is_judged_over_the_cpus_the_rank_may_use() -> None:
     v = by_rank(node.run(20, lambda: node.step(0, 0.5, data=0.3, gpu=0)))[0]
     assert v.kind == "input_cpu"
     assert v.signals["cpu_busy"] == pytest.approx(0.98)
+
+
+def test_a_gpu_whose_activity_drops_to_zero_every_step_is_not_called_compute() -> None:
+    # 4 s steps, busy 75% of each: the window's mean SM activity (~0.7) looks busy, but
+    # the GPU idles once per step: it waits for something, and without a rank we can't
+    # tell what
+    node = Node({"gpus": 2, "timeline": [
+        {"gpus": [1], "activity": "sawtooth", "period": 4.0, "duty": 0.75},
+    ]})  # fmt: skip
+    v = by_gpu(node.run(25))
+    assert v[0].kind == "compute"
+    assert v[1].kind == "unknown"
+    assert "sawtooth" in " ".join(v[1].evidence)

@@ -209,6 +209,23 @@ def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
                 "tell computing from a kernel spinning in a collective"
             ],
         )
+    samples = [v for v in gpu.series.get("sm_active", ()) if v is not None]
+    if (
+        len(samples) >= 4
+        and min(samples) <= th.idle_sm_active
+        and max(samples) >= th.sm_active_busy
+    ):
+        # BACKGROUND.md: a sawtooth that drops to 0 every step is a GPU waiting for
+        # something each step; a busy average over the window would hide it.
+        return verdict(
+            "unknown",
+            why=[
+                f"SM activity swings between {_pct(min(samples))} and {_pct(max(samples))} "
+                "in the window: a sawtooth that drops to ~0 means the GPU waits for "
+                "something every step (data or communication); report steps with "
+                "stepscope.train to tell which"
+            ],
+        )
     if gpu.sm_active >= th.sm_active_busy:
         mods, why = _compute_modifiers(gpu, th)
         return verdict("compute", mods, why)
