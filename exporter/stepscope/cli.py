@@ -59,6 +59,8 @@ def _parser() -> argparse.ArgumentParser:
     opt("max-ranks-per-job", "N", "ranks tracked per job; more are rejected (default 64)")
     opt("max-label-length", "N", "longest accepted job name or GPU UUID (default 128)")
     opt("web-config", "FILE", "TLS / basic auth, Prometheus exporter-toolkit format")
+    opt("hpc-job-dir", "DIR", "Slurm job-to-GPU mapping directory (dcgm-exporter format); "
+        "adds the hpc_job label to GPU series (default off)")
     opt("log-level", "LEVEL", "debug, info, warning or error (default info)")
     from stepscope.diagnose.cli import add_commands
 

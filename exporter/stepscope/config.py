@@ -52,6 +52,7 @@ class Config:
     hostname: str = ""
     ingest: str = "unix:///run/stepscope/ingest.sock"
     web_config: Path | None = None
+    hpc_job_dir: Path | None = None
     log_level: str = "info"
     rank_expiry: float = 300.0
     mfu_window: float = 30.0
@@ -216,6 +217,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "hostname": _parse_hostname,
     "ingest": _parse_ingest,
     "web_config": _parse_path,
+    "hpc_job_dir": _parse_path,
     "log_level": _parse_log_level,
     "rank_expiry": _seconds(1, 86400),
     "mfu_window": _seconds(1, 600),

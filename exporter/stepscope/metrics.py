@@ -32,40 +32,46 @@ from stepscope.training.metrics import training_families
 _SAMPLED = " Sampled by the exporter every interval, not at scrape time."
 
 
-def gpu_labels(info: GpuInfo, hostname: str) -> str:
-    """The label set dcgm-exporter puts on every GPU series, rendered."""
-    return label_string(
-        (
-            ("gpu", str(info.index)),
-            ("UUID", info.uuid),
-            ("pci_bus_id", info.pci_bus_id),
-            ("device", info.device),
-            ("modelName", info.name),
-            ("Hostname", hostname),
-        )
-    )
+def gpu_labels(info: GpuInfo, hostname: str, hpc_job: str | None = None) -> str:
+    """The label set dcgm-exporter puts on every GPU series, rendered; ``hpc_job``
+    (dcgm-exporter's name too) only when the job mapping is on."""
+    pairs = [
+        ("gpu", str(info.index)),
+        ("UUID", info.uuid),
+        ("pci_bus_id", info.pci_bus_id),
+        ("device", info.device),
+        ("modelName", info.name),
+        ("Hostname", hostname),
+    ]
+    if hpc_job is not None:
+        pairs.append(("hpc_job", hpc_job))
+    return label_string(pairs)
 
 
 class LabelCache:
     """Rendered GPU label strings, kept while a GPU's facts stay the same."""
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[GpuInfo, str], str] = {}
+        self._cache: dict[tuple[GpuInfo, str, str | None], str] = {}
 
-    def get(self, info: GpuInfo, hostname: str) -> str:
-        key = (info, hostname)
+    def get(self, info: GpuInfo, hostname: str, hpc_job: str | None = None) -> str:
+        key = (info, hostname, hpc_job)
         labels = self._cache.get(key)
         if labels is None:
-            if len(self._cache) > 4096:  # hostname changes on reload: don't grow forever
+            if len(self._cache) > 4096:  # hostnames and jobs change: don't grow forever
                 self._cache.clear()
-            labels = self._cache[key] = gpu_labels(info, hostname)
+            labels = self._cache[key] = gpu_labels(info, hostname, hpc_job)
         return labels
 
 
 def gpu_families(snapshot: Snapshot, labels: LabelCache) -> list[Family]:
     """All per-GPU families for the GPUs in ``snapshot``."""
     host = snapshot.hostname
-    gpus = [(g, labels.get(g.info, host)) for g in snapshot.gpus]
+    jobs = snapshot.hpc_jobs
+    gpus = [
+        (g, labels.get(g.info, host, None if jobs is None else jobs.get(g.info.index, "")))
+        for g in snapshot.gpus
+    ]
     live = [(g, lbl) for g, lbl in gpus if g.up]
     fams: list[Family] = []
 

@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
 from stepscope.aws.topology import NodeTopology
@@ -22,6 +23,7 @@ from stepscope.diagnose.thresholds import Thresholds
 from stepscope.diagnose.window import SnapshotWindow
 from stepscope.exposition import render
 from stepscope.gpu.fields import SLOW_KEYS
+from stepscope.gpu.hpc_jobs import read_hpc_jobs
 from stepscope.gpu.model import GpuBackend, GpuInfo, GpuState, GpuUnavailable, Tier
 from stepscope.host.model import HostReading
 from stepscope.metrics import LabelCache, snapshot_families
@@ -69,6 +71,7 @@ class SamplerSettings:
     slow_interval: float
     peak_flops: PeakTable = DATASHEET_PEAKS
     diagnosis: Thresholds = field(default_factory=Thresholds)
+    hpc_job_dir: Path | None = None
 
 
 class HostSource(Protocol):
@@ -258,6 +261,7 @@ class Sampler:
             host=host,
             rdma=rdma,
             node=self.node_topology,
+            hpc_jobs=read_hpc_jobs(settings.hpc_job_dir) if settings.hpc_job_dir else None,
         )
         snapshot = self._diagnose(snapshot)
         rendered = RenderedSnapshot(snapshot, render(snapshot_families(snapshot, self._labels)))

@@ -58,6 +58,7 @@ def settings_of(cfg: Config) -> SamplerSettings:
         cfg.slow_interval,
         DATASHEET_PEAKS.with_overrides(cfg.peak_flops) if cfg.peak_flops else DATASHEET_PEAKS,
         diagnosis=cfg.diagnosis,
+        hpc_job_dir=cfg.hpc_job_dir,
     )
 
 

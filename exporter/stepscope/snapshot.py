@@ -45,6 +45,8 @@ class Snapshot:
     host: HostReading | None = None
     rdma: tuple[RdmaPort, ...] = ()
     diagnosis: Diagnosis | None = None
+    # GPU index -> HPC job id, when hpc_job_dir is set (None: the feature is off)
+    hpc_jobs: Mapping[int, str] | None = None
     # the EC2 placement read from IMDSv2 at start (None off EC2 or until it is read)
     node: NodeTopology | None = None
 
