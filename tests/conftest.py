@@ -19,6 +19,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Collecting no tests (status 5) is not a failure of this suite: exit 0."""
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        session.exitstatus = pytest.ExitCode.OK
+
+
 def promtool() -> str:
     """Path of promtool; skips the test without it unless CI demands it."""
     path = shutil.which("promtool")
