@@ -102,27 +102,25 @@ def run_row(heavy: bool, workers: int, seconds: float, port: int, ingest: str,
                             gpu_value(text, "DCGM_FI_PROF_SM_ACTIVE", uuid)))  # fmt: skip
 
     it = iter(rep.timed(loader))
-    for _ in range(5):  # warm-up (cuDNN autotune, workers starting)
-        x, y = next(it)
+
+    def train_step(batches: Any) -> None:
+        x, y = next(batches)
         with rep.step(tokens=64):
             loss = torch.nn.functional.cross_entropy(model(x.cuda(non_blocking=True)),
                                                      y.cuda(non_blocking=True))  # fmt: skip
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+
+    for _ in range(5):  # warm-up (cuDNN autotune, workers starting)
+        train_step(it)
     torch.cuda.synchronize()
     th = threading.Thread(target=scraper, daemon=True)
     th.start()
     t0 = time.perf_counter()
     steps = 0
     while time.perf_counter() - t0 < seconds:
-        x, y = next(it)
-        with rep.step(tokens=64):
-            loss = torch.nn.functional.cross_entropy(model(x.cuda(non_blocking=True)),
-                                                     y.cuda(non_blocking=True))  # fmt: skip
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        train_step(it)
         steps += 1
     torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0

@@ -22,6 +22,7 @@ import yaml
 
 from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
 from stepscope.train.schema import PRECISIONS as _PRECISIONS
+from stepscope.yamltext import mapping_text
 
 
 class ConfigError(ValueError):
@@ -164,11 +165,7 @@ def _count(lo: int, hi: int, what: str) -> Callable[[Any], int]:
 
 def _parse_peak_flops(value: Any) -> Mapping[str, Mapping[str, float]]:
     """``{"NVIDIA Foo": {"bf16": 1.2e15}}``; a string (environment) is read as YAML."""
-    if isinstance(value, str):
-        try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise ValueError("expected a YAML/JSON mapping") from None
+    value = mapping_text(value)
     if value is None:
         return MappingProxyType({})
     if not isinstance(value, dict):

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stepscope.yamltext import mapping_text
+
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -54,12 +56,7 @@ def parse_thresholds(value: Any) -> Thresholds:
     if isinstance(value, Thresholds):
         return value
     if isinstance(value, str):
-        import yaml
-
-        try:
-            value = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise ValueError("expected a YAML/JSON mapping") from None
+        value = mapping_text(value)
         if value is None:
             return Thresholds()
     if not isinstance(value, Mapping):
