@@ -1,4 +1,4 @@
-"""BACKGROUND.md's reproduction on a real GPU, with stepscope's verdict per row.
+"""docs/field-guide.md's preprocessing × num_workers example on a GPU, a verdict per row.
 
 resnet18 (fp32) on synthetic images, light (resize only) or heavy preprocessing (512
 resize + RandomResizedCrop + ColorJitter + rotation + blur, on the CPU), for several
@@ -237,8 +237,8 @@ def main() -> int:
             time.sleep(0.1)
     gpu = torch.cuda.get_device_name(0)
     lines = [
-        f"# Diagnosis on {gpu}: BACKGROUND.md's reproduction (resnet18 fp32, batch 64, "
-        f"synthetic 256 px images, {cpus} CPUs)",
+        f"# Diagnosis on {gpu}: the field guide's preprocessing × num_workers example "
+        f"(resnet18 fp32, batch 64, synthetic 256 px images, {cpus} CPUs)",
         "",
         "| preprocessing | num_workers | steps/s | GPU util | SM active | data wait | "
         "loader CPU cores | verdict |",

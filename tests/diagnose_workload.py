@@ -3,8 +3,8 @@
 Run as a script: ``python diagnose_workload.py MODE --seconds S [...]``, with
 ``STEPSCOPE_INGEST`` pointing at the exporter. Modes:
 
-- ``loader``: a small CNN on synthetic images from a DataLoader, BACKGROUND.md's
-  reproduction: ``--aug light`` (normalize only) or ``heavy`` (resize, blur, rotation,
+- ``loader``: a small CNN on synthetic images from a DataLoader, the worked example of
+  docs/field-guide.md: ``--aug light`` (normalize only) or ``heavy`` (resize, blur, rotation,
   colour jitter, all on the CPU), ``--workers N``; ``--store-mbps X`` reads every
   sample from a file through a reader throttled to X MB/s (a slow store).
 - ``ddp``: two gloo ranks (RANK/WORLD_SIZE/MASTER_* from the environment) training a
