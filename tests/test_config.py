@@ -17,6 +17,8 @@ def test_defaults_match_the_documented_contract() -> None:
     assert cfg.ingest == "unix:///run/stepscope/ingest.sock"
     assert cfg.hostname == "ip-10-0-0-1"
     assert not cfg.simulated
+    assert cfg.log_format == "text"
+    assert cfg.wait_for_driver == 0, "by hand, no driver is an error at once"
 
 
 def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
@@ -29,6 +31,15 @@ def test_flags_beat_environment_beat_file(tmp_path: Path) -> None:
     assert cfg.slow_interval == 30.0
     assert cfg.listen == Listen("", 9500)
     assert cfg.config_file == f
+
+
+def test_service_settings_from_file_environment_and_flags(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("log_format: json\nwait_for_driver: 300\n")
+    cfg = load({"config": str(f)}, env={})
+    assert (cfg.log_format, cfg.wait_for_driver) == ("json", 300.0)
+    cfg = load({"config": str(f), "wait_for_driver": "0"}, env={"STEPSCOPE_LOG_FORMAT": "Text"})
+    assert (cfg.log_format, cfg.wait_for_driver) == ("text", 0.0)
 
 
 def test_config_file_from_environment(tmp_path: Path) -> None:
@@ -54,6 +65,10 @@ def test_config_file_from_environment(tmp_path: Path) -> None:
         ({"ingest": "udp://127.0.0.1"}, {}, "ingest: expected udp://HOST:PORT"),
         ({"hostname": "a b"}, {}, "hostname: expected a non-empty host name"),
         ({"log_level": "loud"}, {}, "log_level: expected debug, info, warning or error"),
+        ({}, {"STEPSCOPE_LOG_FORMAT": "logfmt"}, "log_format: expected text or json, got "
+                                                 "'logfmt' (from $STEPSCOPE_LOG_FORMAT)"),
+        ({"wait_for_driver": "-5"}, {}, "wait_for_driver: must be between 0 and 86400 "
+                                        "seconds, got '-5' (from --wait-for-driver)"),
         ({"interval": "20"}, {}, "slow_interval: must be at least interval (20 s), got 10"),
     ],
 )

@@ -1,24 +1,42 @@
 """The ``stepscope`` command line.
 
 Exit status: 0 on a clean stop, 2 for a usage or configuration problem (bad
-flag, bad config or scenario file, no NVIDIA driver), 1 when serving failed.
-Errors are one line on stderr, never a traceback.
+flag, bad config or scenario file, no NVIDIA driver), 1 when serving failed (and
+when the driver was loaded after a ``--wait-for-driver`` start and NVML still
+fails: a restart by the service manager is what fixes that). Errors are one line
+on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from stepscope import __version__
-from stepscope.config import ConfigError, env_name, load
+from stepscope.config import Config, ConfigError, env_name, load
+
+if TYPE_CHECKING:
+    from stepscope.gpu.model import GpuBackend
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+
+log = logging.getLogger("stepscope")
+
+# Present while the NVIDIA kernel module is loaded (also inside containers: /proc/driver
+# is the host kernel's).
+KERNEL_DRIVER_PROC = "/proc/driver/nvidia/version"
+# Back-off between tries while waiting for the driver: quick at first (a boot race is
+# usually seconds), then every 15 s so a long wait costs nothing.
+FIRST_RETRY_S = 1.0
+MAX_RETRY_S = 15.0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,6 +80,13 @@ def _parser() -> argparse.ArgumentParser:
     opt("hpc-job-dir", "DIR", "Slurm job-to-GPU mapping directory (dcgm-exporter format); "
         "adds the hpc_job label to GPU series (default off)")
     opt("log-level", "LEVEL", "debug, info, warning or error (default info)")
+    opt("log-format", "FORMAT", "text or json: one JSON object per line (default text)")
+    opt(
+        "wait-for-driver",
+        "SECONDS",
+        "no NVIDIA driver yet: retry for this long before giving up, for a service that "
+        "may start before the driver is loaded (default 0: exit 2 at once)",
+    )
     from stepscope.diagnose.cli import add_commands
 
     add_commands(sub)
@@ -83,6 +108,64 @@ def _error(message: str) -> None:
     print(f"stepscope: error: {message}", file=sys.stderr)
 
 
+class DriverLoadedLate(RuntimeError):
+    """The kernel driver appeared while we waited, yet NVML still fails: the process
+    was started with a view of the devices (a service manager's device allow-list, as
+    systemd's ``DeviceAllow=char-nvidia*``, resolved at start) that only a restart
+    refreshes."""
+
+
+def kernel_driver_loaded() -> bool:
+    """Whether the NVIDIA kernel module is loaded on this host."""
+    return os.path.exists(KERNEL_DRIVER_PROC)
+
+
+def build_backend_waiting(
+    cfg: Config,
+    build: Callable[[Config], GpuBackend],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    driver_loaded: Callable[[], bool] = kernel_driver_loaded,
+) -> GpuBackend:
+    """``build(cfg)``, retried while it raises NoDriverError for up to
+    ``cfg.wait_for_driver`` seconds (0: once). Logs the wait once, not every retry.
+
+    Raises NoDriverError when the time is up, DriverLoadedLate when the kernel driver
+    was loaded during the wait and NVML still fails.
+    """
+    from stepscope.gpu.model import NoDriverError
+
+    deadline = clock() + cfg.wait_for_driver
+    loaded_at_start = driver_loaded()
+    delay = FIRST_RETRY_S
+    waiting = False
+    while True:
+        try:
+            backend = build(cfg)
+        except NoDriverError as exc:
+            remaining = deadline - clock()
+            if remaining <= 0:
+                raise
+            if not waiting:
+                waiting = True
+                log.warning(
+                    "no NVIDIA driver yet (%s); waiting up to %g s for it (wait_for_driver)",
+                    str(exc).removeprefix("NVML unavailable: "),
+                    cfg.wait_for_driver,
+                )
+            elif not loaded_at_start and driver_loaded():
+                raise DriverLoadedLate(str(exc)) from exc
+            else:
+                log.debug("still no NVIDIA driver: %s", exc)
+            sleep(min(delay, remaining))
+            delay = min(delay * 2, MAX_RETRY_S)
+            continue
+        if waiting:
+            log.info("NVIDIA driver found; serving")
+        return backend
+
+
 def serve(flags: dict[str, Any]) -> int:
     """Run the exporter until SIGTERM; returns the exit status."""
     from stepscope.gpu.model import NoDriverError
@@ -94,15 +177,26 @@ def serve(flags: dict[str, Any]) -> int:
     except ConfigError as exc:
         _error(str(exc))
         return EXIT_USAGE
-    configure_logging(cfg.log_level)
+    configure_logging(cfg.log_level, cfg.log_format)
     try:
-        backend = build_backend(cfg)
+        backend = build_backend_waiting(cfg, build_backend)
     except NoDriverError as exc:
+        waited = f" after waiting {cfg.wait_for_driver:g} s" if cfg.wait_for_driver else ""
         _error(
-            f"no NVIDIA driver/NVML found: {str(exc).removeprefix('NVML unavailable: ')}. "
+            f"no NVIDIA driver/NVML found{waited}: "
+            f"{str(exc).removeprefix('NVML unavailable: ')}. "
             "Run with --simulate N to serve N simulated GPUs."
         )
         return EXIT_USAGE
+    except DriverLoadedLate as exc:
+        _error(
+            "the NVIDIA driver was loaded after the exporter started and NVML still fails "
+            f"({str(exc).removeprefix('NVML unavailable: ')}); exiting 1 so the service "
+            "manager restarts it with access to the new devices"
+        )
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_OK
     except ScenarioError as exc:
         _error(str(exc))
         return EXIT_USAGE

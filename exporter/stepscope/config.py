@@ -55,6 +55,8 @@ class Config:
     web_config: Path | None = None
     hpc_job_dir: Path | None = None
     log_level: str = "info"
+    log_format: str = "text"
+    wait_for_driver: float = 0.0
     rank_expiry: float = 300.0
     mfu_window: float = 30.0
     max_jobs: int = 8
@@ -205,6 +207,13 @@ def _parse_log_level(value: Any) -> str:
     return text
 
 
+def _parse_log_format(value: Any) -> str:
+    text = str(value).strip().lower()
+    if text not in ("text", "json"):
+        raise ValueError("expected text or json")
+    return text
+
+
 _PARSERS: dict[str, Callable[[Any], Any]] = {
     "listen": _parse_listen,
     "interval": _seconds(0.1, 3600),
@@ -216,6 +225,9 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "web_config": _parse_path,
     "hpc_job_dir": _parse_path,
     "log_level": _parse_log_level,
+    "log_format": _parse_log_format,
+    # 0: no driver is an error at once; N: a service started before the driver waits N s
+    "wait_for_driver": _seconds(0, 86400),
     "rank_expiry": _seconds(1, 86400),
     "mfu_window": _seconds(1, 600),
     "max_jobs": _count(1, 1024, "jobs"),

@@ -20,6 +20,7 @@ from stepscope.aws.topology import NodeTopology, read_in_background
 from stepscope.config import Config, ConfigError, load
 from stepscope.gpu.model import GpuBackend
 from stepscope.host.source import HostSource
+from stepscope.logformat import log_formatter
 from stepscope.net.rdma import read_rdma_ports
 from stepscope.sampler import Sampler, SamplerSettings
 from stepscope.training.aggregate import Aggregator, TrainingSettings
@@ -70,8 +71,10 @@ def training_settings_of(cfg: Config) -> TrainingSettings:
     )
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def configure_logging(level: str, log_format: str = "text") -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(log_formatter(log_format))
+    logging.basicConfig(handlers=[handler])
     logging.getLogger("stepscope").setLevel(level.upper())
 
 
