@@ -2,12 +2,14 @@
 
 Placement group and partition are what ``ec2_sd_configs`` cannot tell Prometheus, and
 cross-AZ or scattered placement is a known straggler cause, so they are served in one
-``stepscope_node_info`` series. The read uses botocore's IMDS fetcher (IMDSv2: a token
-PUT, then GETs with the token), one attempt with a short timeout, in a background thread:
-a host that is not on EC2 starts as fast as any other and simply has no node info.
-``AWS_EC2_METADATA_DISABLED=true`` turns the read off, ``AWS_EC2_METADATA_SERVICE_ENDPOINT``
-points it elsewhere and ``AWS_METADATA_SERVICE_TIMEOUT`` sets the timeout in seconds
-(default 1): the AWS SDKs' own settings.
+``stepscope_node_info`` series. The read is IMDSv2 over plain HTTP (the standard
+library's urllib: a token PUT, then GETs with the token; no AWS SDK in the image), one
+attempt with a short timeout, in a background thread: a host that is not on EC2 starts
+as fast as any other and simply has no node info. The AWS SDKs' own settings apply:
+``AWS_EC2_METADATA_DISABLED=true`` turns the read off,
+``AWS_EC2_METADATA_SERVICE_ENDPOINT`` points it elsewhere,
+``AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE=IPv6`` uses the IPv6 endpoint and
+``AWS_METADATA_SERVICE_TIMEOUT`` sets the timeout in seconds (default 1).
 """
 
 from __future__ import annotations
@@ -16,13 +18,18 @@ import json
 import logging
 import os
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 log = logging.getLogger("stepscope.aws")
 
 DEFAULT_TIMEOUT = 1.0
+ENDPOINT_IPV4 = "http://169.254.169.254/"
+ENDPOINT_IPV6 = "http://[fd00:ec2::254]/"
+# The token only has to outlive the handful of GETs below.
+TOKEN_TTL_SECONDS = 60
 
 
 @dataclass(frozen=True)
@@ -55,57 +62,86 @@ def topology_from_metadata(
     )
 
 
+def _endpoint(env: Mapping[str, str]) -> str:
+    explicit = env.get("AWS_EC2_METADATA_SERVICE_ENDPOINT", "").strip()
+    if explicit:
+        return explicit if explicit.endswith("/") else explicit + "/"
+    if env.get("AWS_EC2_METADATA_SERVICE_ENDPOINT_MODE", "").strip().lower() == "ipv6":
+        return ENDPOINT_IPV6
+    return ENDPOINT_IPV4
+
+
+def _timeout(env: Mapping[str, str]) -> float:
+    try:
+        value = float(env.get("AWS_METADATA_SERVICE_TIMEOUT", DEFAULT_TIMEOUT))
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if value > 0 else DEFAULT_TIMEOUT
+
+
+class _Imds:
+    """IMDSv2 requests. Never through an HTTP proxy: a proxy would answer with its own
+    instance's metadata, or not at all (the SDKs bypass proxies for IMDS as well)."""
+
+    def __init__(self, endpoint: str, timeout: float) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        self.token = ""
+
+    def _request(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str]:
+        req = urllib.request.Request(self.endpoint + path, method=method, headers=headers)
+        try:
+            with self.opener.open(req, timeout=self.timeout) as resp:
+                return int(resp.status), resp.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as err:
+            err.close()
+            return err.code, ""
+
+    def fetch_token(self) -> bool:
+        """The session token; False when IMDSv2 refuses (IMDS off, or v1 only: then we
+        read nothing, never falling back to unauthenticated IMDSv1)."""
+        status, body = self._request(
+            "PUT",
+            "latest/api/token",
+            {"X-aws-ec2-metadata-token-ttl-seconds": str(TOKEN_TTL_SECONDS)},
+        )
+        if status != 200 or not body:
+            return False
+        self.token = body
+        return True
+
+    def get(self, path: str, optional: bool) -> str | None:
+        status, body = self._request("GET", path, {"X-aws-ec2-metadata-token": self.token})
+        if status == 404 and optional:
+            return None
+        if status != 200:
+            raise RuntimeError(f"IMDS {path}: HTTP {status}")
+        return body
+
+
 def read_node_topology(
     timeout: float | None = None, env: Mapping[str, str] | None = None
 ) -> NodeTopology | None:
-    """The instance's topology, or None off EC2, without botocore, or when IMDSv2 does
-    not answer (IMDSv1 is never used). Never raises."""
+    """The instance's topology, or None off EC2 or when IMDSv2 does not answer (IMDSv1
+    is never used). Never raises."""
     env = os.environ if env is None else env
-    try:
-        from botocore.utils import IMDSFetcher
-    except ImportError:
-        log.debug("botocore is not installed: no EC2 node info")
+    if env.get("AWS_EC2_METADATA_DISABLED", "").strip().lower() == "true":
         return None
-    if timeout is None:
-        try:
-            timeout = float(env.get("AWS_METADATA_SERVICE_TIMEOUT", DEFAULT_TIMEOUT))
-        except ValueError:
-            timeout = DEFAULT_TIMEOUT
-    config = {}
-    if env.get("AWS_EC2_METADATA_SERVICE_ENDPOINT"):
-        config["ec2_metadata_service_endpoint"] = env["AWS_EC2_METADATA_SERVICE_ENDPOINT"]
+    imds = _Imds(_endpoint(env), _timeout(env) if timeout is None else timeout)
     try:
-        fetcher = IMDSFetcher(timeout=timeout, num_attempts=1, env=dict(env), config=config)
-        return _read(fetcher)
+        if not imds.fetch_token():
+            return None
+        identity = json.loads(imds.get("latest/dynamic/instance-identity/document", False) or "{}")
+        extra: dict[str, str] = {}
+        for name in ("availability-zone-id", "group-name", "partition-number"):
+            value = imds.get(f"latest/meta-data/placement/{name}", True)
+            if value and value.strip():
+                extra[name] = value.strip()
+        return topology_from_metadata(identity, extra)
     except Exception as exc:  # off EC2 every failure means "no node info"
         log.debug("no EC2 node info from IMDSv2: %s", exc)
         return None
-
-
-def _read(fetcher: Any) -> NodeTopology | None:
-    """IMDSv2 through botocore's fetcher: its token PUT and GET (the same private calls
-    botocore's own region and credential fetchers make)."""
-    token = fetcher._fetch_metadata_token()
-    if token is None:
-        return None  # not on EC2, or IMDS is off for this instance
-
-    def get(path: str, optional: bool) -> str | None:
-        response = fetcher._get_request(
-            path, retry_func=lambda r: r.status_code >= 500, token=token
-        )
-        if response.status_code == 404 and optional:
-            return None
-        if response.status_code != 200:
-            raise RuntimeError(f"IMDS {path}: HTTP {response.status_code}")
-        return str(response.text)
-
-    identity = json.loads(get("latest/dynamic/instance-identity/document", False) or "{}")
-    extra: dict[str, str] = {}
-    for name in ("availability-zone-id", "group-name", "partition-number"):
-        value = get(f"latest/meta-data/placement/{name}", True)
-        if value and value.strip():
-            extra[name] = value.strip()
-    return topology_from_metadata(identity, extra)
 
 
 def read_in_background(
