@@ -16,7 +16,8 @@ import pytest
 from conftest import parse_samples, start_exporter, wait_for
 from stepscope.aws.metrics import node_families
 from stepscope.aws.topology import NodeTopology, read_node_topology
-from stepscope.exposition import render
+from stepscope.core.exposition import render
+from stepscope.core.labels import LabelSchemaBuilder
 
 TOKEN = "AQAEAtoken=="
 IDENTITY = {
@@ -155,7 +156,7 @@ def test_off_ec2_or_disabled_there_is_no_node_info(imds: FakeImds) -> None:
 
 def test_node_info_family_labels() -> None:
     node = NodeTopology("i-1", "p5.48xlarge", "us-east-2", "us-east-2b", "use2-az2", "pg", "3")
-    text = render(node_families(node, "node-a")).decode()
+    text = render(node_families(node, LabelSchemaBuilder().build("node-a", ()))).decode()
     ((labels, value),) = parse_samples(text)["stepscope_node_info"]
     assert value == 1.0
     assert labels == {
@@ -168,7 +169,6 @@ def test_node_info_family_labels() -> None:
         "placement_group": "pg",
         "placement_partition": "3",
     }
-    assert render(node_families(None, "node-a")) == b""
 
 
 def test_exporter_serves_node_info_and_starts_before_imds_answers(imds: FakeImds) -> None:

@@ -7,21 +7,22 @@ sampler, so a 30 s window takes no wall time.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from typing import Any
 
 import pytest
 
-from conftest import parse_samples
+from conftest import make_sampler, parse_samples
+from stepscope.core.source import ReadContext, Source
+from stepscope.datagram import StepRecord
+from stepscope.diagnose.analysis import DIAGNOSIS, DiagnosisAnalysis
 from stepscope.diagnose.api import diagnosis_document
 from stepscope.diagnose.model import KINDS, MODIFIERS, Diagnosis, Verdict
 from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
 from stepscope.gpu.simulated import SimulatedBackend, parse_scenario
-from stepscope.host.model import HostReading, Pressure, ProcessReading
-from stepscope.net.rdma import RdmaPort
-from stepscope.sampler import Sampler, SamplerSettings
-from stepscope.training.aggregate import Aggregator
-from stepscope.training.datagram import StepRecord
+from stepscope.host.model import HOST_PART, HostReading, Pressure, ProcessReading
+from stepscope.ingest.aggregate import Aggregator
+from stepscope.ingest.source import IngestSource
+from stepscope.net.rdma import RDMA_PART, RdmaPort
 
 PID = 4242
 
@@ -34,16 +35,30 @@ class Clock:
         return self.t
 
 
-class FakeHost:
+class FakeHost(Source[HostReading]):
     """The host as a test scripts it: every read returns ``reading``."""
+
+    key = HOST_PART
 
     def __init__(self) -> None:
         self.reading = HostReading(cpu_count=8, cpu_busy=(0.3,) * 8)
         self.pids: set[int] = set()
 
-    def read(self, pids: Iterable[int] = ()) -> HostReading:
-        self.pids = set(pids)
+    def read(self, ctx: ReadContext) -> HostReading:
+        self.pids = {r.pid for r in ctx.ranks if r.pid is not None}
         return self.reading
+
+
+class FakeRdma(Source[tuple[RdmaPort, ...]]):
+    """RDMA ports as a test scripts them."""
+
+    key = RDMA_PART
+
+    def __init__(self) -> None:
+        self.ports: tuple[RdmaPort, ...] = ()
+
+    def read(self, ctx: ReadContext) -> tuple[RdmaPort, ...]:
+        return self.ports
 
 
 class Node:
@@ -55,15 +70,14 @@ class Node:
         self.uuids = [d.uuid for d in self.backend.devices()]
         self.agg = Aggregator(clock=self.clock)
         self.host = FakeHost()
-        self.rdma: tuple[RdmaPort, ...] = ()
-        self.sampler = Sampler(
+        self.fake_rdma = FakeRdma()
+        self.sampler = make_sampler(
             self.backend,
-            SamplerSettings("n", 1.0, 10.0, diagnosis=Thresholds(window=window)),
+            hostname="n",
             clock=self.clock,
             wall_clock=lambda: 1.7e9 + self.clock.t,
-            training=self.agg,
-            host=self.host,
-            rdma=lambda: self.rdma,
+            sources=[IngestSource(self.agg), self.host, self.fake_rdma],
+            analyses=[DiagnosisAnalysis(Thresholds(window=window))],
         )
         self.steps: dict[int, int] = {}
 
@@ -86,7 +100,7 @@ class Node:
             if each_second is not None:
                 each_second()
             rendered = self.sampler.sample_once()
-        diag = rendered.snapshot.diagnosis
+        diag = rendered.result(DIAGNOSIS, Diagnosis)
         assert diag is not None
         return diag
 
@@ -185,7 +199,7 @@ def test_data_wait_with_workers_tells_cpu_from_io_from_too_few_workers(
 ) -> None:
     node = Node({"gpus": 1})
     node.host.reading = HostReading(
-        16, (busy,) * 16, io_pressure=Pressure(io, io / 2),
+        16, (busy,) * 16, io_pressure=Pressure(io),
         processes={PID: ProcessReading(PID, 0.5, 4, 4 * per_worker)},
     )  # fmt: skip
     diag = node.run(20, lambda: node.step(0, 0.5, data=0.3, gpu=0))
@@ -206,18 +220,18 @@ def test_comm_wait_behind_a_slower_peer_is_waiting_on_peer_and_the_peer_computes
 
 def test_comm_dominated_across_nodes_with_flat_rdma_suspects_tcp() -> None:
     node = Node({"gpus": 1})
-    node.rdma = (RdmaPort("rdmap0", "1", {"tx_bytes": 1e6, "rx_bytes": 1e6}),)
+    node.fake_rdma.ports = (RdmaPort("rdmap0", "1", {"tx_bytes": 1e6, "rx_bytes": 1e6}),)
     v = by_rank(node.run(20, lambda: node.step(0, 1.0, comm=0.5, gpu=0, world_size=16)))[0]
     assert (v.kind, v.modifiers) == ("communication", ("tcp_suspected",))
     assert "nccl-check" in v.advice and v.bottleneck
     # bytes flowing over RDMA: communication, but not TCP
     node = Node({"gpus": 1})
-    node.rdma = (RdmaPort("rdmap0", "1", {"tx_bytes": 0.0, "rx_bytes": 0.0}),)
+    node.fake_rdma.ports = (RdmaPort("rdmap0", "1", {"tx_bytes": 0.0, "rx_bytes": 0.0}),)
 
     def flowing() -> None:
         node.step(0, 1.0, comm=0.5, gpu=0, world_size=16)
         moved = node.clock.t * 5e9
-        node.rdma = (RdmaPort("rdmap0", "1", {"tx_bytes": moved, "rx_bytes": moved}),)
+        node.fake_rdma.ports = (RdmaPort("rdmap0", "1", {"tx_bytes": moved, "rx_bytes": moved}),)
 
     v = by_rank(node.run(20, flowing))[0]
     assert (v.kind, v.modifiers) == ("communication", ())
@@ -252,7 +266,7 @@ def test_a_healthy_compute_bound_rank_and_the_api_document() -> None:
         seen |= {v.kind for v in diag.verdicts}
     assert seen == {"compute"} and diag.status == "healthy"
     assert diag.window_seconds == pytest.approx(30.0)
-    doc = json.loads(json.dumps(diagnosis_document(node.sampler.latest.snapshot)))  # type: ignore[union-attr]
+    doc = json.loads(json.dumps(diagnosis_document(node.sampler.latest)))  # type: ignore[union-attr]
     assert doc["status"] == "healthy" and doc["hostname"] == "n"
     (verdict,) = doc["verdicts"]
     assert verdict["kind"] == "compute" and verdict["subject"]["rank"] == 0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from stepscope.exposition import Family, format_value, label_string, render
-from stepscope.metrics import process_families
+from stepscope.core.exposition import Family, format_value, label_string, render
+from stepscope.core.health import process_families
 
 
 def test_counter_keeps_the_dcgm_name_without_total() -> None:

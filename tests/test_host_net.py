@@ -9,12 +9,11 @@ import time
 from pathlib import Path
 
 from conftest import REPO, parse_samples
-from stepscope.exposition import render
+from stepscope.core.exposition import render
 from stepscope.host.model import Pressure, parse_pressure
 from stepscope.host.source import HostSource
 from stepscope.net.metrics import rdma_families
 from stepscope.net.rdma import read_rdma_ports
-from stepscope.snapshot import Snapshot
 
 SYSFS = REPO / "tests" / "fixtures" / "sysfs" / "class" / "infiniband"
 
@@ -24,8 +23,8 @@ def test_pressure_lines_parse_to_shares_and_a_kernel_without_psi_reads_none() ->
         "some avg10=12.50 avg60=0.78 avg300=0.60 total=21685014\n"
         "full avg10=3.00 avg60=0.00 avg300=0.00 total=0\n"
     )
-    assert parse_pressure(text) == Pressure(0.125, 0.03)
-    assert parse_pressure("some avg10=1.00 avg60=0 avg300=0 total=1\n") == Pressure(0.01, None)
+    assert parse_pressure(text) == Pressure(0.125)
+    assert parse_pressure("some avg10=1.00 avg60=0 avg300=0 total=1\n") == Pressure(0.01)
     assert parse_pressure("") is None
 
 
@@ -52,8 +51,7 @@ def test_efa_and_infiniband_ports_read_from_sysfs_with_ib_words_as_bytes() -> No
 
 
 def test_rdma_counters_are_served_with_device_and_port_labels_and_lifespan_as_a_gauge() -> None:
-    snap = Snapshot(0.0, 0.0, "node", "simulated", 1.0, 10.0, rdma=read_rdma_ports(SYSFS))
-    text = render(rdma_families(snap)).decode()
+    text = render(rdma_families(read_rdma_ports(SYSFS))).decode()
     samples = parse_samples(text)
     tx = {lbl["device"]: v for lbl, v in samples["stepscope_rdma_transmitted_bytes_total"]}
     assert tx == {"rdmap16s27": 987654321012, "mlx5_0": 1e9}
@@ -63,7 +61,7 @@ def test_rdma_counters_are_served_with_device_and_port_labels_and_lifespan_as_a_
     assert life == {"rdmap16s27": 0.012, "mlx5_0": 0.01}
     assert all(lbl["port"] == "1" for lbl, _ in samples["stepscope_rdma_received_bytes_total"])
     assert not any("lifespan" in name and name.endswith("_total") for name in samples)
-    assert render(rdma_families(Snapshot(0.0, 0.0, "n", "simulated", 1.0, 10.0))) == b""
+    assert render(rdma_families(())) == b""
 
 
 def test_a_rank_process_reads_its_dataloader_workers_and_their_cpu() -> None:
@@ -72,12 +70,12 @@ def test_a_rank_process_reads_its_dataloader_workers_and_their_cpu() -> None:
     idle = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         source = HostSource()
-        first = source.read([os.getpid(), 999_999_999])
+        first = source.read_pids([os.getpid(), 999_999_999])
         assert 999_999_999 not in first.processes  # a pid that is not there is absent
         deadline = time.monotonic() + 15
         reading = first
         while time.monotonic() < deadline:
-            reading = source.read([os.getpid()])
+            reading = source.read_pids([os.getpid()])
             proc = reading.processes[os.getpid()]
             if proc.workers == 2 and proc.workers_cpu_cores > 0.5:
                 break

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 from conftest import parse_samples, start_exporter, wait_for
-from stepscope.gpu.hpc_jobs import read_hpc_jobs
+from stepscope.attribution.hpc_jobs import read_hpc_jobs
 
 
 def test_mapping_files_are_read_as_the_prolog_writes_them(tmp_path: Path) -> None:
@@ -14,24 +16,51 @@ def test_mapping_files_are_read_as_the_prolog_writes_them(tmp_path: Path) -> Non
     (tmp_path / ".2.4245").write_text("4245\n")  # the prolog's half-written temp file
     (tmp_path / "3").write_text('bad "id"\n')  # not label-safe: skipped
     (tmp_path / "notes").write_text("x\n")
-    assert read_hpc_jobs(tmp_path) == {0: "4242", 1: "4243_7,4244"}
-    assert read_hpc_jobs(tmp_path / "missing") == {}
+    read = read_hpc_jobs(tmp_path)
+    assert read.jobs == {0: "4242", 1: "4243_7,4244"}
+    assert sorted(read.skipped) == ["'3': no valid job id", "'notes': not a GPU index"]
+    assert read_hpc_jobs(tmp_path / "missing").jobs == {}
+
+
+def test_hostile_entries_are_skipped_and_counted_never_followed_or_blocked_on(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "0").write_text("4242\n")
+    (tmp_path / "٣").write_text("666\n")  # an Arabic-Indic digit: int() would accept it
+    (tmp_path / "²").write_text("666\n")  # str.isdigit() accepts superscripts
+    (tmp_path / "2").symlink_to("/etc/hostname")  # must not export the host name
+    os.mkfifo(tmp_path / "3")  # a blocking open would hang the sampler forever
+    (tmp_path / "4").mkdir()
+    (tmp_path / "5").write_text("1" * 100_000)  # read is capped; one long line is no id
+    result: list[object] = []
+    reader = threading.Thread(target=lambda: result.append(read_hpc_jobs(tmp_path)))
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "reading the directory blocked"
+    read = result[0]
+    assert read.jobs == {0: "4242"}  # type: ignore[attr-defined]
+    skipped = sorted(s.split(":")[0] for s in read.skipped)  # type: ignore[attr-defined]
+    assert skipped == ["'2'", "'3'", "'4'", "'5'", "'²'", "'٣'"]
 
 
 def test_gpu_series_carry_the_owning_job_while_the_mapping_says_so(tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"
     exp = start_exporter(["--simulate", "2", "--interval", "0.2", "--hpc-job-dir", str(jobs)])
     try:
-        def owners() -> dict[str, str]:
+        def owners() -> dict[str, str | None]:
             samples = parse_samples(exp.metrics())["DCGM_FI_DEV_GPU_UTIL"]
-            return {lbl["gpu"]: lbl["hpc_job"] for lbl, _ in samples}
+            return {lbl["gpu"]: lbl.get("hpc_job") for lbl, _ in samples}
 
-        assert owners() == {"0": "", "1": ""}  # no directory yet: no job anywhere
+        assert owners() == {"0": None, "1": None}  # no directory yet: no job anywhere
         jobs.mkdir()
         (jobs / "1").write_text("4242\n")
-        wait_for(lambda: owners() == {"0": "", "1": "4242"})
+        (jobs / "٣").write_text("4242\n")
+        wait_for(lambda: owners() == {"0": None, "1": "4242"})
+        fams = parse_samples(exp.metrics())
+        errors = {lbl["collector"]: v for lbl, v in fams["stepscope_collector_errors_total"]}
+        assert errors["hpc_jobs"] >= 1  # the bad entry is counted, the rest still read
         (jobs / "1").unlink()  # the epilog ran
-        wait_for(lambda: owners() == {"0": "", "1": ""})
+        wait_for(lambda: owners() == {"0": None, "1": None})
     finally:
         assert exp.stop() == 0
 
@@ -39,7 +68,9 @@ def test_gpu_series_carry_the_owning_job_while_the_mapping_says_so(tmp_path: Pat
 def test_without_the_setting_there_is_no_hpc_job_label() -> None:
     exp = start_exporter(["--simulate", "1"])
     try:
-        samples = parse_samples(exp.metrics())["DCGM_FI_DEV_GPU_UTIL"]
-        assert all("hpc_job" not in lbl for lbl, _ in samples)
+        fams = parse_samples(exp.metrics())
+        assert all("hpc_job" not in lbl for lbl, _ in fams["DCGM_FI_DEV_GPU_UTIL"])
+        collectors = {lbl["collector"] for lbl, _ in fams["stepscope_collector_success"]}
+        assert "hpc_jobs" not in collectors
     finally:
         exp.stop()

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepscope.train.schema import MAX_DATAGRAM_BYTES, MAX_RANK
-from stepscope.training.datagram import (
+from stepscope.datagram import (
+    MAX_DATAGRAM_BYTES,
+    MAX_RANK,
     REJECT_REASONS,
     Limits,
     Rejection,

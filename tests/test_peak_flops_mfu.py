@@ -7,13 +7,15 @@ from dataclasses import replace
 import pytest
 
 from conftest import parse_samples
-from stepscope.exposition import render
-from stepscope.gpu.model import GpuInfo, GpuState
-from stepscope.snapshot import Snapshot
-from stepscope.training.aggregate import RankView, TrainingView
-from stepscope.training.metrics import training_families
-from stepscope.training.mfu import MFU_STATUSES, rank_mfu
-from stepscope.training.peak_flops import DATASHEET_PEAKS, PeakTable, peak_flops_for
+from stepscope.core.exposition import render
+from stepscope.core.labels import LabelSchema, LabelSchemaBuilder
+from stepscope.gpu.model import GpuInfo
+from stepscope.ingest.aggregate import RankView, TrainingSettings, TrainingView
+from stepscope.ingest.metrics import training_families
+from stepscope.ingest.mfu import MFU_STATUSES, rank_mfu
+from stepscope.ingest.peak_flops import DATASHEET_PEAKS, PeakTable
+
+peak_flops_for = DATASHEET_PEAKS.lookup
 
 REQUIRED_MODELS = (
     "NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB",
@@ -101,14 +103,16 @@ def rank(**changes: object) -> RankView:
 
 
 def test_mfu_is_achieved_over_peak() -> None:
-    result = rank_mfu(rank(), H100, DATASHEET_PEAKS)
+    result = rank_mfu(rank(), H100.identity, DATASHEET_PEAKS)
     assert result.status == "ok" and result.value == pytest.approx(0.5)
-    fp8 = rank_mfu(rank(precision="fp8"), H100, DATASHEET_PEAKS)
+    fp8 = rank_mfu(rank(precision="fp8"), H100.identity, DATASHEET_PEAKS)
     assert fp8.value == pytest.approx(0.25, rel=1e-3)
 
 
 def test_mfu_above_one_is_exported_unclamped_and_flagged() -> None:
-    result = rank_mfu(rank(achieved_flops_per_second=1.5 * 989.4e12), H100, DATASHEET_PEAKS)
+    result = rank_mfu(
+        rank(achieved_flops_per_second=1.5 * 989.4e12), H100.identity, DATASHEET_PEAKS
+    )
     assert result.value == pytest.approx(1.5) and result.status == "above_peak"
 
 
@@ -127,24 +131,26 @@ def test_mfu_above_one_is_exported_unclamped_and_flagged() -> None:
 def test_no_mfu_without_an_honest_figure_and_the_status_says_why(
     view: RankView, gpu: GpuInfo | None, status: str
 ) -> None:
-    result = rank_mfu(view, gpu, DATASHEET_PEAKS)
+    result = rank_mfu(view, gpu.identity if gpu else None, DATASHEET_PEAKS)
     assert result.value is None and result.status == status and status in MFU_STATUSES
 
 
 # --- the served families ---
 
-def snapshot(ranks: tuple[RankView, ...], peaks: PeakTable = DATASHEET_PEAKS) -> Snapshot:
-    return Snapshot(
-        timestamp=1e9, monotonic=1.0, hostname="node-1", backend="test", interval=1.0,
-        slow_interval=10.0, gpus=(GpuState(H100, True), GpuState(MYSTERY, True)),
-        training=TrainingView(ingest_up=True, ingest_address="unix:///x", accepted=10,
-                              rejected={"not_json": 2}, ranks=ranks),
-        peak_flops=peaks,
+Part = tuple[TrainingView, LabelSchema]
+
+
+def snapshot(ranks: tuple[RankView, ...], peaks: PeakTable = DATASHEET_PEAKS) -> Part:
+    view = TrainingView(ingest_up=True, accepted=10, rejected={"not_json": 2}, ranks=ranks,
+                        settings=TrainingSettings(peak_flops=peaks))
+    labels = LabelSchemaBuilder().build(
+        "node-1", (H100.identity, MYSTERY.identity), [r.identity for r in ranks]
     )
+    return view, labels
 
 
-def served(snap: Snapshot) -> dict[str, list[tuple[dict[str, str], float]]]:
-    return parse_samples(render(training_families(snap)).decode())
+def served(snap: Part) -> dict[str, list[tuple[dict[str, str], float]]]:
+    return parse_samples(render(training_families(*snap)).decode())
 
 
 def test_ranks_carry_their_gpus_labels_joined_by_uuid() -> None:

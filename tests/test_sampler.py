@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from conftest import parse_samples
-from stepscope.gpu.model import GpuInfo, GpuReading, GpuUnavailable, Tier, XidEvent
-from stepscope.sampler import Sampler, SamplerSettings
+from conftest import make_sampler, parse_samples
+from stepscope.core.sampler import Sampler
+from stepscope.core.snapshot import Snapshot
+from stepscope.gpu.model import (
+    GPU_PART,
+    GpuInfo,
+    GpuPart,
+    GpuReading,
+    GpuUnavailable,
+    Tier,
+    XidEvent,
+)
 
 
 class ScriptedBackend:
@@ -61,9 +71,18 @@ def families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 def make(n: int = 4) -> tuple[ScriptedBackend, Sampler, FakeClock]:
     backend = ScriptedBackend(n)
     clock = FakeClock()
-    sampler = Sampler(backend, SamplerSettings("node-a", 1.0, 10.0), clock=clock,
-                      wall_clock=lambda: 1.7e9)
+    sampler = make_sampler(backend, clock=clock, wall_clock=lambda: 1.7e9)
     return backend, sampler, clock
+
+
+def gpus(snap: Snapshot) -> GpuPart:
+    part = snap.part(GPU_PART)
+    assert part is not None
+    return part
+
+
+def collector(fams: dict[str, Any], name: str, collector: str) -> float:
+    return {lbl["collector"]: v for lbl, v in fams[name]}[collector]
 
 
 def test_gpu_that_falls_off_the_bus_reads_down_while_others_keep_reporting() -> None:
@@ -77,8 +96,9 @@ def test_gpu_that_falls_off_the_bus_reads_down_while_others_keep_reporting() -> 
     assert up == {"0": 1.0, "1": 1.0, "2": 0.0, "3": 1.0}
     sm = {lbl["gpu"] for lbl, _ in fams["DCGM_FI_PROF_SM_ACTIVE"]}
     assert sm == {"0", "1", "3"}
-    errors = {lbl["source"]: v for lbl, v in fams["stepscope_collect_errors_total"]}
-    assert errors == {"gpu_down": 1.0}
+    # one GPU down is a partial error of the gpu source, which still succeeds
+    assert collector(fams, "stepscope_collector_errors_total", "gpu") == 1.0
+    assert collector(fams, "stepscope_collector_success", "gpu") == 1.0
 
 
 def test_down_gpu_is_retried_on_the_slow_cadence_and_comes_back() -> None:
@@ -93,8 +113,8 @@ def test_down_gpu_is_retried_on_the_slow_cadence_and_comes_back() -> None:
     backend.lost.clear()
     clock.t += 10
     snap = sampler.sample_once().snapshot
-    assert snap.gpus[1].up
-    assert snap.gpus[1].values["total_energy"] == 1000.0
+    assert gpus(snap).gpus[1].up
+    assert gpus(snap).gpus[1].values["total_energy"] == 1000.0
 
 
 def test_slow_tier_is_read_on_its_own_cadence_and_kept_between_reads() -> None:
@@ -106,10 +126,10 @@ def test_slow_tier_is_read_on_its_own_cadence_and_kept_between_reads() -> None:
     for _ in range(9):
         clock.t += 1
         snap = sampler.sample_once().snapshot
-        assert snap.gpus[0].values["total_energy"] == 1000.0  # carried from the slow read
+        assert gpus(snap).gpus[0].values["total_energy"] == 1000.0  # carried from the slow read
     clock.t += 1
     snap = sampler.sample_once().snapshot
-    assert snap.gpus[0].values["total_energy"] == 2000.0
+    assert gpus(snap).gpus[0].values["total_energy"] == 2000.0
     slow_reads = [t for _, t in backend.reads if Tier.SLOW in t]
     assert len(slow_reads) == 2
 
@@ -157,8 +177,8 @@ def test_a_backend_bug_on_one_gpu_is_counted_not_fatal() -> None:
 
     backend.read = broken  # type: ignore[method-assign]
     snap = sampler.sample_once().snapshot
-    assert snap.collect_errors == {"gpu": 1}
-    assert snap.gpus[1].values["sm_active"] == 0.25
+    assert snap.health["gpu"].errors_total == 1 and snap.health["gpu"].success
+    assert gpus(snap).gpus[1].values["sm_active"] == 0.25
 
 
 def test_stop_closes_the_backend() -> None:

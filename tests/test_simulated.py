@@ -7,6 +7,7 @@ from collections.abc import Mapping
 
 import pytest
 
+from conftest import make_sampler
 from stepscope.gpu.fields import (
     CLOCK_EVENT_DURATION_KEYS,
     COUNTER,
@@ -21,7 +22,6 @@ from stepscope.gpu.simulated import (
     load_scenario,
     parse_scenario,
 )
-from stepscope.sampler import Sampler, SamplerSettings
 
 FAST = frozenset({Tier.FAST})
 SLOW = frozenset({Tier.SLOW})
@@ -385,8 +385,7 @@ def test_out_of_range_index_is_a_caller_bug() -> None:
 def test_the_sampler_serves_every_dcgm_family_from_a_simulated_node() -> None:
     clock = FakeClock()
     backend = SimulatedBackend(load_scenario("faults"), hostname="node-a", clock=clock)
-    sampler = Sampler(backend, SamplerSettings("node-a", 1.0, 10.0), clock=clock,
-                      wall_clock=lambda: 1.7e9)
+    sampler = make_sampler(backend, clock=clock, wall_clock=lambda: 1.7e9)
     for _ in range(45):
         sampler.sample_once()
         clock.t += 1.0

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from stepscope.train import StepReporter, schema, transformer_flops_per_token
+from stepscope import datagram as schema
+from stepscope.train import StepReporter, transformer_flops_per_token
 
 REQUIRED = ("v", "type", "job", "rank", "local_rank", "step", "t", "dur")
 LAUNCHER_VARS = (

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from stepscope.datagram import PRECISIONS as _PRECISIONS
 from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
-from stepscope.train.schema import PRECISIONS as _PRECISIONS
 from stepscope.yamltext import mapping_text
 
 

@@ -16,18 +16,18 @@ from typing import Any
 
 from aiohttp import web
 
-from stepscope.aws.topology import NodeTopology, read_in_background
 from stepscope.config import Config, ConfigError, load
+from stepscope.core.sampler import Sampler, SamplerSettings
+from stepscope.core.web import Page, make_app
+from stepscope.datagram import Limits
+from stepscope.diagnose.api import diagnosis_json
+from stepscope.diagnose.page import status_page_html
 from stepscope.gpu.model import GpuBackend
-from stepscope.host.source import HostSource
+from stepscope.ingest.aggregate import Aggregator, TrainingSettings
+from stepscope.ingest.listener import IngestListener
+from stepscope.ingest.peak_flops import DATASHEET_PEAKS
 from stepscope.logformat import log_formatter
-from stepscope.net.rdma import read_rdma_ports
-from stepscope.sampler import Sampler, SamplerSettings
-from stepscope.training.aggregate import Aggregator, TrainingSettings
-from stepscope.training.datagram import Limits
-from stepscope.training.ingest import IngestListener
-from stepscope.training.peak_flops import DATASHEET_PEAKS
-from stepscope.web import make_app
+from stepscope.sources import Sources, build_sources
 from stepscope.webconfig import load_web_config
 
 log = logging.getLogger("stepscope")
@@ -52,15 +52,15 @@ def build_backend(cfg: Config) -> GpuBackend:
     return NvmlBackend()
 
 
+# The routes the diagnosis adds to the core's /metrics, /healthz and /readyz.
+PAGES = {
+    "/": Page("text/html; charset=utf-8", status_page_html),
+    "/api/v1/diagnosis": Page("application/json; charset=utf-8", diagnosis_json),
+}
+
+
 def settings_of(cfg: Config) -> SamplerSettings:
-    return SamplerSettings(
-        cfg.hostname,
-        cfg.interval,
-        cfg.slow_interval,
-        DATASHEET_PEAKS.with_overrides(cfg.peak_flops) if cfg.peak_flops else DATASHEET_PEAKS,
-        diagnosis=cfg.diagnosis,
-        hpc_job_dir=cfg.hpc_job_dir,
-    )
+    return SamplerSettings(cfg.hostname, cfg.interval, cfg.slow_interval)
 
 
 def training_settings_of(cfg: Config) -> TrainingSettings:
@@ -68,6 +68,9 @@ def training_settings_of(cfg: Config) -> TrainingSettings:
         limits=Limits(cfg.max_jobs, cfg.max_ranks_per_job, cfg.max_label_length),
         mfu_window=cfg.mfu_window,
         rank_expiry=cfg.rank_expiry,
+        peak_flops=(
+            DATASHEET_PEAKS.with_overrides(cfg.peak_flops) if cfg.peak_flops else DATASHEET_PEAKS
+        ),
     )
 
 
@@ -79,7 +82,11 @@ def configure_logging(level: str, log_format: str = "text") -> None:
 
 
 def reload_config(
-    current: Config, flags: dict[str, Any], sampler: Sampler, aggregator: Aggregator
+    current: Config,
+    flags: dict[str, Any],
+    sampler: Sampler,
+    aggregator: Aggregator,
+    sources: Sources,
 ) -> Config:
     """Re-read file and environment; apply what can change live, keep the rest.
 
@@ -94,8 +101,13 @@ def reload_config(
     for key in ("listen", "simulate", "scenario", "web_config", "ingest"):
         if getattr(new, key) != getattr(current, key):
             log.warning("reload: %s changed; it takes effect on restart", key)
+    if (new.hpc_job_dir is None) != (sources.hpc_jobs is None):
+        log.warning("reload: hpc_job_dir turned on or off; it takes effect on restart")
+    elif sources.hpc_jobs is not None and new.hpc_job_dir is not None:
+        sources.hpc_jobs.directory = new.hpc_job_dir
     sampler.update(settings_of(new))
     aggregator.update(training_settings_of(new))
+    sources.diagnosis.thresholds = new.diagnosis
     logging.getLogger("stepscope").setLevel(new.log_level.upper())
     log.info(
         "configuration reloaded (interval %g s, slow interval %g s, hostname %s)",
@@ -118,17 +130,15 @@ async def run_server(
     aggregator = Aggregator(training_settings_of(cfg))
     ingest = IngestListener(cfg.ingest, aggregator)
     ingest.start(loop)  # a failure is logged once and served as stepscope_ingest_up 0
+    sources = build_sources(cfg, backend, aggregator)
     sampler = Sampler(
-        backend, settings_of(cfg), training=aggregator, host=HostSource(), rdma=read_rdma_ports
+        sources.registry, settings_of(cfg), build_labels={"backend": backend.name}
     )
-
-    def publish_node(node: NodeTopology) -> None:
-        sampler.node_topology = node
-
-    read_in_background(publish_node)  # EC2 placement via IMDSv2, never delays the start
     await asyncio.to_thread(sampler.sample_once)  # first scrape is never empty
     sampler.start()
-    app = make_app(sampler, middlewares=web_cfg.middlewares() if web_cfg else ())
+    app = make_app(
+        sampler, middlewares=web_cfg.middlewares() if web_cfg else (), pages=PAGES
+    )
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     host = cfg.listen.host or None
@@ -144,7 +154,7 @@ async def run_server(
 
     def on_hup() -> None:
         nonlocal current
-        current = reload_config(current, flags, sampler, aggregator)
+        current = reload_config(current, flags, sampler, aggregator, sources)
 
     try:
         await site.start()

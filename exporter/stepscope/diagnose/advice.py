@@ -1,4 +1,5 @@
-"""One line of advice per verdict kind and modifier, after BACKGROUND.md's workflow."""
+"""One line of advice per verdict kind and modifier, following the diagnosis workflow
+in docs/field-guide.md."""
 
 from __future__ import annotations
 

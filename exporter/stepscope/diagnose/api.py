@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
-from stepscope.diagnose.model import Verdict
-from stepscope.snapshot import Snapshot
+from stepscope.core.snapshot import Published
+from stepscope.diagnose.analysis import DIAGNOSIS
+from stepscope.diagnose.model import Diagnosis, Verdict
+from stepscope.gpu.model import GPU_PART
+from stepscope.net.rdma import RDMA_PART
 
 API_VERSION = 1
 
@@ -41,21 +45,41 @@ def verdict_document(v: Verdict) -> dict[str, Any]:
     }
 
 
-def diagnosis_document(snapshot: Snapshot | None) -> dict[str, Any]:
-    """The whole document; ``status`` is ``unknown`` until a diagnosis exists."""
-    if snapshot is None or snapshot.diagnosis is None:
+def diagnosis_document(published: Published | None) -> dict[str, Any]:
+    """The whole document; ``status`` is ``unknown`` until a diagnosis exists.
+
+    ``sources``: every source's health and the evidence lines it gives about the node.
+    """
+    diag = published.result(DIAGNOSIS, Diagnosis) if published is not None else None
+    if published is None or diag is None:
         return {"version": API_VERSION, "status": "unknown", "verdicts": []}
-    diag = snapshot.diagnosis
+    snapshot = published.snapshot
+    gpu = snapshot.part(GPU_PART)
     return {
         "version": API_VERSION,
         "hostname": snapshot.hostname,
-        "backend": snapshot.backend,
+        "backend": gpu.backend if gpu is not None else None,
         "timestamp": snapshot.timestamp,
         "interval": snapshot.interval,
         "window_seconds": round(diag.window_seconds, 3),
         "samples": diag.samples,
         "status": diag.status,
-        "rdma_ports": len(snapshot.rdma),
+        "rdma_ports": len(rdma) if (rdma := snapshot.part(RDMA_PART)) is not None else 0,
         "thresholds": dataclasses.asdict(diag.thresholds),
+        "sources": {
+            name: {
+                "success": h.success,
+                "duration_seconds": _number(h.duration_seconds),
+                "errors_total": h.errors_total,
+                "last_error": h.last_error or None,
+                "evidence": list(snapshot.evidence.get(name, ())),
+            }
+            for name, h in snapshot.health.items()
+        },
         "verdicts": [verdict_document(v) for v in diag.verdicts],
     }
+
+
+def diagnosis_json(published: Published | None, readiness: str) -> bytes:
+    """The document as JSON bytes (a :class:`~stepscope.core.web.Page` renderer)."""
+    return json.dumps(diagnosis_document(published), separators=(",", ":")).encode()

@@ -27,7 +27,6 @@ from stepscope.diagnose.nccl import parse_nccl_log
 EXIT_HEALTHY = 0
 EXIT_BOTTLENECK = 1
 EXIT_UNKNOWN = 2
-COMMANDS = ("diagnose", "nccl-check")
 
 # Fleet view: a GPU whose SM active is below this share of the median of its peers
 # is a straggler; a rank whose compute time per step is above (1 + this) x its job's

@@ -15,17 +15,39 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from stepscope.core.snapshot import Snapshot
+from stepscope.datagram import PHASES, Phases
 from stepscope.diagnose.advice import advice_for
 from stepscope.diagnose.model import Diagnosis, Subject, Verdict
 from stepscope.diagnose.thresholds import Thresholds
-from stepscope.gpu.model import GpuInfo, GpuState
-from stepscope.host.model import HostReading, ProcessReading
-from stepscope.snapshot import Snapshot
-from stepscope.training.aggregate import RankView
-from stepscope.training.mfu import rank_mfu
+from stepscope.gpu.fields import POWER_EVENTS, THERMAL_EVENTS
+from stepscope.gpu.model import GPU_PART, GpuInfo, GpuState
+from stepscope.host.model import HOST_PART, HostReading, ProcessReading
+from stepscope.ingest.aggregate import INGEST_PART, RankView, TrainingView
+from stepscope.ingest.mfu import rank_mfu
+from stepscope.net.rdma import RDMA_PART, RdmaPort
 
-_THERMAL_BITS = 0x020 | 0x040  # sw / hw thermal slowdown
-_POWER_BITS = 0x004 | 0x080  # sw power cap, hw power brake
+_THERMAL_BITS = int(THERMAL_EVENTS)
+_POWER_BITS = int(POWER_EVENTS)
+_NO_RANKS = TrainingView(ingest_up=False, accepted=0)
+
+
+def _gpus(snapshot: Snapshot) -> tuple[GpuState, ...]:
+    part = snapshot.part(GPU_PART)
+    return part.gpus if part is not None else ()
+
+
+def _gpu(snapshot: Snapshot, uuid: str) -> GpuState | None:
+    part = snapshot.part(GPU_PART)
+    return part.by_uuid.get(uuid) if part is not None else None
+
+
+def _training(snapshot: Snapshot) -> TrainingView:
+    return snapshot.part(INGEST_PART) or _NO_RANKS
+
+
+def _rdma(snapshot: Snapshot) -> tuple[RdmaPort, ...]:
+    return snapshot.part(RDMA_PART) or ()
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -76,9 +98,9 @@ def _event_share(
 
 def gpu_window(uuid: str, window: Sequence[Snapshot]) -> GpuWindow | None:
     """The GPU ``uuid`` over the window, or None if the newest snapshot lacks it."""
-    if all(g.info.uuid != uuid for g in window[-1].gpus):
+    if _gpu(window[-1], uuid) is None:
         return None
-    states = [g for s in window for g in s.gpus if g.info.uuid == uuid]
+    states = [g for s in window if (g := _gpu(s, uuid)) is not None]
     latest = states[-1]
     live = [g for g in states if g.up]
     span = window[-1].monotonic - window[0].monotonic
@@ -215,8 +237,8 @@ def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
         and min(samples) <= th.idle_sm_active
         and max(samples) >= th.sm_active_busy
     ):
-        # BACKGROUND.md: a sawtooth that drops to 0 every step is a GPU waiting for
-        # something each step; a busy average over the window would hide it.
+        # a sawtooth that drops to 0 every step is a GPU waiting for something each
+        # step (docs/field-guide.md); a busy average over the window would hide it
         return verdict(
             "unknown",
             why=[
@@ -250,52 +272,47 @@ class RankWindow:
     steps: int  # measured steps in the window
     all_steps: int  # warm-up included
     dur: float
-    phases: tuple[float, float, float, float]
+    phases: Phases
     series: dict[str, tuple[float | None, ...]]
 
-    def share(self, i: int) -> float:
-        return self.phases[i] / self.dur if self.dur > 0 else 0.0
+    def shares(self) -> Phases:
+        """Each phase's share of the window's step time."""
+        d = self.dur
+        return Phases(*(p / d if d > 0 else 0.0 for p in self.phases))
 
-    def per_step(self, i: int) -> float:
-        return self.phases[i] / self.steps if self.steps else 0.0
+    def per_step(self) -> Phases:
+        """Each phase's seconds per measured step."""
+        n = self.steps
+        return Phases(*(p / n if n else 0.0 for p in self.phases))
 
 
 def rank_window(key: tuple[str, int], window: Sequence[Snapshot]) -> RankWindow | None:
     """The rank's change over the window (from its last restart), None if absent now."""
+    if key not in _training(window[-1]).by_key:
+        return None
     views: list[RankView] = []
     for snap in window:
-        for r in snap.training.ranks if snap.training else ():
-            if (r.job, r.rank) == key:
-                if views and r.steps < views[-1].steps:  # restarted: counters from 0
-                    views.clear()
-                views.append(r)
-    if not views:
-        return None
+        r = _training(snap).by_key.get(key)
+        if r is not None:
+            if views and r.steps < views[-1].steps:  # restarted: counters from 0
+                views.clear()
+            views.append(r)
     last = views[-1]
-    newest = window[-1].training
-    if newest is None or all((r.job, r.rank) != key for r in newest.ranks):
-        return None
     first = views[0]
-    hist: dict[str, list[float | None]] = {
-        "step_seconds": [], "data_wait": [], "compute": [], "comm": [], "other": []
-    }  # fmt: skip
+    hist: dict[str, list[float | None]] = {"step_seconds": [], **{p: [] for p in PHASES}}
     for a, b in itertools.pairwise(views):
         n = b.measured_steps - a.measured_steps
         d = b.step_seconds_sum - a.step_seconds_sum
         hist["step_seconds"].append(d / n if n > 0 else None)
-        for i, name in enumerate(("data_wait", "compute", "comm", "other")):
-            p = b.phase_seconds[i] - a.phase_seconds[i]
-            hist[name].append(p / d if n > 0 and d > 0 else None)
+        for name, pa, pb in zip(PHASES, a.phase_seconds, b.phase_seconds, strict=True):
+            hist[name].append((pb - pa) / d if n > 0 and d > 0 else None)
     return RankWindow(
         view=last,
         steps=last.measured_steps - first.measured_steps,
         all_steps=last.steps - first.steps,
         dur=last.step_seconds_sum - first.step_seconds_sum,
-        phases=(
-            last.phase_seconds[0] - first.phase_seconds[0],
-            last.phase_seconds[1] - first.phase_seconds[1],
-            last.phase_seconds[2] - first.phase_seconds[2],
-            last.phase_seconds[3] - first.phase_seconds[3],
+        phases=Phases(
+            *(b - a for a, b in zip(first.phase_seconds, last.phase_seconds, strict=True))
         ),
         series={k: tuple(v) for k, v in hist.items()},
     )
@@ -314,7 +331,7 @@ class HostWindow:
 
 
 def host_window(pid: int | None, window: Sequence[Snapshot]) -> HostWindow | None:
-    readings: list[HostReading] = [s.host for s in window if s.host is not None]
+    readings: list[HostReading] = [h for s in window if (h := s.part(HOST_PART)) is not None]
     if not readings:
         return None
     # the first reading of a pid has no CPU baseline yet: skip it
@@ -396,30 +413,49 @@ def _input_verdict(host: HostWindow | None, th: Thresholds) -> tuple[str, list[s
 
 def _rdma_rate(window: Sequence[Snapshot]) -> tuple[int, float | None]:
     """(RDMA ports, bytes/s through all of them over the window)."""
-    first, last = window[0], window[-1]
-    span = last.monotonic - first.monotonic
-    if not last.rdma or span <= 0:
-        return len(last.rdma), None
-    before = {(p.device, p.port): p.bytes_total for p in first.rdma}
+    first, last = _rdma(window[0]), _rdma(window[-1])
+    span = window[-1].monotonic - window[0].monotonic
+    if not last or span <= 0:
+        return len(last), None
+    before = {(p.device, p.port): p.bytes_total for p in first}
     moved = sum(
         max(0.0, p.bytes_total - before[(p.device, p.port)])
-        for p in last.rdma
+        for p in last
         if (p.device, p.port) in before
     )
-    return len(last.rdma), moved / span
+    return len(last), moved / span
+
+
+@dataclass(frozen=True)
+class JobPeers:
+    """The ranks of one job on this node: how many, and the two that compute longest
+    per step (enough to find any rank's slowest peer in O(1))."""
+
+    local: int
+    slowest: tuple[RankWindow, ...]
+
+    @classmethod
+    def of(cls, ranks: Sequence[RankWindow], th: Thresholds) -> JobPeers:
+        """The peers of a job's ranks on this node (those with enough steps can lag)."""
+        counted = [p for p in ranks if p.steps >= th.min_steps]
+        counted.sort(key=lambda p: p.per_step().compute, reverse=True)
+        return cls(len(ranks), tuple(counted[:2]))
+
+    def slowest_other(self, rw: RankWindow) -> RankWindow | None:
+        """The peer of ``rw`` that computes longest per step, if any."""
+        return next((p for p in self.slowest if p is not rw), None)
 
 
 def rank_verdict(
     rw: RankWindow,
     gpu: GpuWindow | None,
     host: HostWindow | None,
-    peers: Sequence[RankWindow],
+    peers: JobPeers,
     window: Sequence[Snapshot],
     th: Thresholds,
 ) -> Verdict:
     """One rank's verdict (rules in docs/diagnosis.md, in this order)."""
     r = rw.view
-    latest = window[-1]
     subject = Subject(
         job=r.job,
         rank=r.rank,
@@ -428,16 +464,17 @@ def rank_verdict(
         uuid=gpu.info.uuid if gpu else "",
         model=gpu.info.name if gpu else "",
     )
-    mfu = rank_mfu(r, gpu.info if gpu else None, latest.peak_flops).value
-    shares = [rw.share(i) for i in range(4)]
+    peaks = _training(window[-1]).settings.peak_flops
+    mfu = rank_mfu(r, gpu.info.identity if gpu else None, peaks).value
+    shares = rw.shares()
     signals: dict[str, float | None] = {
         **_gpu_signals(gpu),
         "steps": float(rw.steps),
         "step_seconds": rw.dur / rw.steps if rw.steps else None,
-        "data_wait_share": shares[0] if rw.steps else None,
-        "compute_share": shares[1] if rw.steps else None,
-        "comm_share": shares[2] if rw.steps else None,
-        "other_share": shares[3] if rw.steps else None,
+        "data_wait_share": shares.data_wait if rw.steps else None,
+        "compute_share": shares.compute if rw.steps else None,
+        "comm_share": shares.comm if rw.steps else None,
+        "other_share": shares.other if rw.steps else None,
         "mfu": mfu,
     }
     if host is not None:
@@ -457,8 +494,8 @@ def rank_verdict(
     ev: list[str] = []
     if rw.steps:
         ev.append(
-            f"{rw.steps} steps of {rw.dur / rw.steps:.3f} s: data_wait {_pct(shares[0])}, "
-            f"compute {_pct(shares[1])}, comm {_pct(shares[2])}, other {_pct(shares[3])}"
+            f"{rw.steps} steps of {rw.dur / rw.steps:.3f} s: "
+            + ", ".join(f"{name} {_pct(v)}" for name, v in zip(PHASES, shares, strict=True))
         )
     ev += _gpu_evidence(gpu)
 
@@ -501,30 +538,30 @@ def rank_verdict(
 
 def _comm_verdict(
     rw: RankWindow,
-    peers: Sequence[RankWindow],
+    peers: JobPeers,
     window: Sequence[Snapshot],
     th: Thresholds,
     verdict: Callable[..., Verdict],
 ) -> Verdict:
     r = rw.view
-    ours_comm = rw.per_step(2)
-    ours_compute = rw.per_step(1)
-    slow = [p for p in peers if p.steps >= th.min_steps]
-    if slow:
-        worst = max(slow, key=lambda p: p.per_step(1))
-        excess = worst.per_step(1) - ours_compute
+    ours = rw.per_step()
+    ours_comm = ours.comm
+    worst = peers.slowest_other(rw)
+    if worst is not None:
+        theirs = worst.per_step().compute
+        excess = theirs - ours.compute
         if excess > 0 and excess >= th.peer_excess * ours_comm:
             return verdict(
                 "waiting_on_peer",
                 why=[
-                    f"rank {worst.view.rank} computes {worst.per_step(1):.3f} s per step, "
+                    f"rank {worst.view.rank} computes {theirs:.3f} s per step, "
                     f"{excess:.3f} s more than this rank, which waits {ours_comm:.3f} s per "
                     "step in all-reduce"
                 ],
             )
     why = [f"exposed communication {ours_comm:.3f} s per step"]
     mods: list[str] = []
-    local = 1 + len(peers)
+    local = peers.local
     if r.world_size is not None and r.world_size > local:
         ports, rate = _rdma_rate(window)
         if ports == 0:
@@ -549,22 +586,22 @@ def diagnose(window: Sequence[Snapshot], th: Thresholds) -> Diagnosis:
     latest = window[-1]
     span = latest.monotonic - window[0].monotonic
     verdicts: list[Verdict] = []
-    ranks = latest.training.ranks if latest.training else ()
-    windows = {
-        (r.job, r.rank): rw
-        for r in ranks
-        if (rw := rank_window((r.job, r.rank), window)) is not None
-    }
+    by_job: dict[str, list[RankWindow]] = {}
+    for r in _training(latest).ranks:
+        rw = rank_window((r.job, r.rank), window)
+        if rw is not None:
+            by_job.setdefault(r.job, []).append(rw)
     claimed: set[str] = set()
-    for key, rw in windows.items():
-        uuid = rw.view.uuid
-        gpu = gpu_window(uuid, window) if uuid else None
-        if gpu is not None:
-            claimed.add(gpu.info.uuid)
-        peers = [p for k, p in windows.items() if k[0] == key[0] and k != key]
-        host = host_window(rw.view.pid, window)
-        verdicts.append(rank_verdict(rw, gpu, host, peers, window, th))
-    for g in latest.gpus:
+    for ranks in by_job.values():
+        peers = JobPeers.of(ranks, th)
+        for rw in ranks:
+            uuid = rw.view.uuid
+            gpu = gpu_window(uuid, window) if uuid else None
+            if gpu is not None:
+                claimed.add(gpu.info.uuid)
+            host = host_window(rw.view.pid, window)
+            verdicts.append(rank_verdict(rw, gpu, host, peers, window, th))
+    for g in _gpus(latest):
         if g.info.uuid in claimed:
             continue
         gw = gpu_window(g.info.uuid, window)

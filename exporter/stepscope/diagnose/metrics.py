@@ -1,43 +1,23 @@
 """Verdicts as metric families: one-hot ``stepscope_bottleneck{kind}`` and modifiers.
 
-Labels: the per-rank label set (``job``, ``rank``, ``local_rank``, ``gpu``, ``UUID``,
-``modelName``, ``Hostname``); a GPU that no rank reported has empty ``job``, ``rank``
-and ``local_rank``. Modifiers are a separate family so that the kind stays one-hot:
-``stepscope_bottleneck{kind="input_cpu"} == 1`` selects exactly the starved ranks.
+Labels: the rank label set of the pass's label schema; a GPU that no rank reported has
+empty ``job``, ``rank`` and ``local_rank``. Modifiers are a separate family so that the
+kind stays one-hot: ``stepscope_bottleneck{kind="input_cpu"} == 1`` selects exactly the
+starved ranks.
 """
 
 from __future__ import annotations
 
-from stepscope.diagnose.model import KINDS, MODIFIERS, Verdict
-from stepscope.exposition import Family, join_labels, label_string
-from stepscope.gpu.fields import GAUGE
-from stepscope.snapshot import Snapshot
+from stepscope.core.exposition import GAUGE, Family, join_labels, label_string
+from stepscope.core.labels import LabelSchema
+from stepscope.diagnose.model import KINDS, MODIFIERS, Diagnosis
 
 _KIND = tuple(label_string((("kind", k),)) for k in KINDS)
 _MODIFIER = tuple(label_string((("modifier", m),)) for m in MODIFIERS)
 
 
-def subject_labels(v: Verdict, hostname: str) -> str:
-    """The rank label set of :func:`stepscope.training.metrics.rank_labels`, for any subject."""
-    s = v.subject
-    return label_string(
-        (
-            ("job", s.job),
-            ("rank", str(s.rank) if s.rank is not None else ""),
-            ("local_rank", str(s.local_rank) if s.local_rank is not None else ""),
-            ("gpu", str(s.gpu) if s.gpu is not None else ""),
-            ("UUID", s.uuid),
-            ("modelName", s.model),
-            ("Hostname", hostname),
-        )
-    )
-
-
-def diagnosis_families(snapshot: Snapshot) -> list[Family]:
+def diagnosis_families(diag: Diagnosis, labels: LabelSchema) -> list[Family]:
     """``stepscope_bottleneck``, ``stepscope_bottleneck_modifier`` and the window."""
-    diag = snapshot.diagnosis
-    if diag is None:
-        return []
     kind = Family(
         "stepscope_bottleneck",
         GAUGE,
@@ -47,11 +27,11 @@ def diagnosis_families(snapshot: Snapshot) -> list[Family]:
     modifier = Family(
         "stepscope_bottleneck_modifier",
         GAUGE,
-        "Qualifiers of the verdict (fp32_no_tensor, low_occupancy, thermal_throttle, "
-        "power_cap, tcp_suspected): 1 when it applies.",
+        "Qualifiers of the verdict (" + ", ".join(MODIFIERS) + "): 1 when it applies.",
     )
     for v in diag.verdicts:
-        lbl = subject_labels(v, snapshot.hostname)
+        s = v.subject
+        lbl = labels.subject(s.job, s.rank, s.local_rank, s.uuid)
         for name, k in zip(KINDS, _KIND, strict=True):
             kind.add(join_labels(lbl, k), 1.0 if v.kind == name else 0.0)
         for name, m in zip(MODIFIERS, _MODIFIER, strict=True):

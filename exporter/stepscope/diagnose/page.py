@@ -12,8 +12,10 @@ import html
 from collections.abc import Sequence
 
 from stepscope import __version__
-from stepscope.diagnose.model import Verdict
-from stepscope.snapshot import Snapshot
+from stepscope.core.snapshot import Published
+from stepscope.diagnose.analysis import DIAGNOSIS
+from stepscope.diagnose.model import Diagnosis, Verdict
+from stepscope.gpu.model import GPU_PART
 
 _PHASES = (("data_wait", "#e8a33d"), ("compute", "#3b7dd8"), ("comm", "#c2452d"),
            ("other", "#9aa3ad"))  # fmt: skip
@@ -114,24 +116,32 @@ def _card(v: Verdict) -> str:
     )
 
 
-def render_status_page(snapshot: Snapshot | None, readiness: str) -> str:
-    """The whole page for the latest snapshot (None before the first pass)."""
+def render_status_page(published: Published | None, readiness: str) -> str:
+    """The whole page for the latest published snapshot (None before the first pass)."""
     refresh = 2
     verdicts: Sequence[Verdict] = ()
-    if snapshot is None:
+    failing = ""
+    if published is None:
         summary = "Waiting for the first sampling pass."
     else:
+        snapshot = published.snapshot
         refresh = max(2, round(2 * snapshot.interval))
-        diag = snapshot.diagnosis
+        diag = published.result(DIAGNOSIS, Diagnosis)
+        gpu = snapshot.part(GPU_PART)
         verdicts = diag.verdicts if diag else ()
         status = diag.status if diag else "unknown"
         window = f", verdicts over {diag.window_seconds:.0f} s" if diag else ""
         summary = (
             f"Host <b>{html.escape(snapshot.hostname)}</b>, backend "
-            f"<b>{html.escape(snapshot.backend)}</b>, {len(snapshot.gpus)} GPU(s), "
+            f"<b>{html.escape(gpu.backend if gpu else 'none')}</b>, "
+            f"{len(gpu.gpus) if gpu else 0} GPU(s), "
             f"sampled every {snapshot.interval:g} s{window}: "
             f'<b id="status">{html.escape(status)}</b>'
         )
+        down = [f"{name} ({h.last_error or 'pending'})" for name, h in snapshot.health.items()
+                if not h.success]  # fmt: skip
+        if down:
+            failing = f"<p>Sources not reading: {html.escape(', '.join(down))}</p>"
     cards = "".join(_card(v) for v in verdicts) or (
         '<p class="empty">No GPUs and no training ranks to show yet.</p>'
     )
@@ -140,9 +150,14 @@ def render_status_page(snapshot: Snapshot | None, readiness: str) -> str:
         f'<meta http-equiv="refresh" content="{refresh}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>stepscope</title><style>{_CSS}</style></head><body>"
-        f"<header><h1>stepscope {html.escape(__version__)}</h1><p>{summary}</p>"
+        f"<header><h1>stepscope {html.escape(__version__)}</h1><p>{summary}</p>{failing}"
         f"<p>Readiness: {html.escape(readiness)} · "
         '<a href="metrics">/metrics</a> · <a href="api/v1/diagnosis">/api/v1/diagnosis</a> · '
         '<a href="healthz">/healthz</a> · <a href="readyz">/readyz</a></p></header>'
         f"<main>{cards}</main></body></html>\n"
     )
+
+
+def status_page_html(published: Published | None, readiness: str) -> bytes:
+    """The page as bytes (a :class:`~stepscope.core.web.Page` renderer)."""
+    return render_status_page(published, readiness).encode()

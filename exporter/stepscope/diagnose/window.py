@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from stepscope.snapshot import Snapshot
+from stepscope.core.snapshot import Snapshot
 
 # A hard cap whatever the window and interval: memory stays bounded.
 MAX_SNAPSHOTS = 3600

@@ -9,12 +9,13 @@ checked against this table by the tests.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
+from stepscope.core.exposition import COUNTER, GAUGE
 from stepscope.gpu.model import Tier
 
-GAUGE = "gauge"
-COUNTER = "counter"
+__all__ = ["COUNTER", "GAUGE"]  # re-exported: the table's rows name their type
 
 
 @dataclass(frozen=True)
@@ -367,18 +368,32 @@ FIELDS_BY_KEY: dict[str, FieldSpec] = {f.key: f for f in FIELDS}
 PROFILING_KEYS: frozenset[str] = frozenset(f.key for f in FIELDS if f.profiling)
 SLOW_KEYS: frozenset[str] = frozenset(f.key for f in FIELDS if f.tier is Tier.SLOW)
 
-# Clock event (throttle) reasons: NVML bit -> label value of
-# stepscope_gpu_clock_event_active{reason=...}. Order is the bit order.
-CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = (
-    (0x001, "gpu_idle"),
-    (0x002, "applications_clocks_setting"),
-    (0x004, "sw_power_cap"),
-    (0x008, "hw_slowdown"),
-    (0x010, "sync_boost"),
-    (0x020, "sw_thermal_slowdown"),
-    (0x040, "hw_thermal_slowdown"),
-    (0x080, "hw_power_brake_slowdown"),
-    (0x100, "display_clock_setting"),
+
+class ClockEvent(enum.IntFlag):
+    """NVML's clock event (throttle) reason bits (``nvmlClocksEventReason*``).
+
+    The member name, lower-cased, is the label value of
+    ``stepscope_gpu_clock_event_active{reason=...}``.
+    """
+
+    GPU_IDLE = 0x001
+    APPLICATIONS_CLOCKS_SETTING = 0x002
+    SW_POWER_CAP = 0x004
+    HW_SLOWDOWN = 0x008
+    SYNC_BOOST = 0x010
+    SW_THERMAL_SLOWDOWN = 0x020
+    HW_THERMAL_SLOWDOWN = 0x040
+    HW_POWER_BRAKE_SLOWDOWN = 0x080
+    DISPLAY_CLOCK_SETTING = 0x100
+
+
+# Clocks held down by temperature, and by power.
+THERMAL_EVENTS = ClockEvent.SW_THERMAL_SLOWDOWN | ClockEvent.HW_THERMAL_SLOWDOWN
+POWER_EVENTS = ClockEvent.SW_POWER_CAP | ClockEvent.HW_POWER_BRAKE_SLOWDOWN
+
+# bit -> reason label value, in bit order
+CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = tuple(
+    (int(e), str(e.name).lower()) for e in ClockEvent
 )
 
 # Cumulative time per clock-event reason, from the non-deprecated NVML field

@@ -8,17 +8,26 @@ A backend turns a device into :class:`GpuInfo` (static facts, read once) and
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
+from stepscope.core.labels import GpuIdentity
+from stepscope.core.source import PartKey, Tier
 
-class Tier(enum.Enum):
-    """How often a field is read. FAST every interval; SLOW on the slower cadence."""
-
-    FAST = "fast"
-    SLOW = "slow"
+__all__ = [
+    "GPU_PART",
+    "GpuBackend",
+    "GpuInfo",
+    "GpuPart",
+    "GpuReading",
+    "GpuState",
+    "GpuUnavailable",
+    "NoDriverError",
+    "Tier",
+    "XidEvent",
+]
 
 
 class NoDriverError(RuntimeError):
@@ -48,6 +57,11 @@ class GpuInfo:
     def device(self) -> str:
         """The ``device`` label dcgm-exporter uses: ``nvidia<index>``."""
         return f"nvidia{self.index}"
+
+    @property
+    def identity(self) -> GpuIdentity:
+        """What names this GPU in labels."""
+        return GpuIdentity(self.index, self.uuid, self.pci_bus_id, self.name)
 
 
 @dataclass(frozen=True)
@@ -100,3 +114,19 @@ class GpuState:
     xid_counts: Mapping[int, int] = field(default_factory=dict)
     last_xid: int = 0
     sample_cpu_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class GpuPart:
+    """The GPU source's part of a Snapshot: every GPU of the node, and the backend."""
+
+    backend: str
+    gpus: tuple[GpuState, ...] = ()
+
+    @cached_property
+    def by_uuid(self) -> Mapping[str, GpuState]:
+        """The GPUs by UUID (built once per part: the diagnosis looks GPUs up by UUID)."""
+        return {g.info.uuid: g for g in self.gpus}
+
+
+GPU_PART: PartKey[GpuPart] = PartKey("gpu")

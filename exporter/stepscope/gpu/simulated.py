@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from stepscope.gpu.fields import SLOW_KEYS
+from stepscope.gpu.fields import SLOW_KEYS, ClockEvent
 from stepscope.gpu.model import GpuInfo, GpuReading, GpuUnavailable, Tier, XidEvent
 from stepscope.gpu.scenario import (
     Activity,
@@ -68,7 +68,7 @@ class _Profile:
     power: float = 0.8  # share of the (limit - idle) power headroom drawn at level 1
 
 
-# Anchored on the H200 measurement (DESIGN.md): a bf16 matmul read SM active
+# Anchored on the H200 measurement (docs/validation/h200.md): a bf16 matmul read SM active
 # 0.96 and tensor (HMMA) 0.93; an fp32 matmul read FP32 0.77 and tensor 0. At
 # the default level 0.95 these give HMMA ~0.90 and FP32 ~0.75.
 _PROFILES: dict[Precision, _Profile] = {
@@ -99,10 +99,10 @@ PCIE_BASE = 2.0e6
 NVLINK_BUSY = 45e9  # gradient all-reduce traffic per direction, multi-GPU nodes only
 CLOCK_STEP_MHZ = 15  # NVML clocks move in 15 MHz bins on these boards
 
-_BIT_IDLE = 0x001
-_BIT_POWER_CAP = 0x004
-_BIT_SW_THERMAL = 0x020
-_BIT_HW_THERMAL = 0x040
+_BIT_IDLE = int(ClockEvent.GPU_IDLE)
+_BIT_POWER_CAP = int(ClockEvent.SW_POWER_CAP)
+_BIT_SW_THERMAL = int(ClockEvent.SW_THERMAL_SLOWDOWN)
+_BIT_HW_THERMAL = int(ClockEvent.HW_THERMAL_SLOWDOWN)
 
 _KIND_IDLE, _KIND_BUSY, _KIND_SAW = 0, 1, 2
 _KINDS: dict[Activity, int] = {"idle": _KIND_IDLE, "busy": _KIND_BUSY, "sawtooth": _KIND_SAW}

@@ -1,5 +1,5 @@
 """Host signals the diagnosis needs: CPU busy, iowait, pressure, DataLoader workers.
 
-``model`` holds the plain data (imported by the Snapshot), ``source.HostSource``
-reads them with psutil.
+``model`` holds the plain data, ``source.HostSource`` reads it with psutil,
+``metrics`` serves the per-rank part node_exporter lacks.
 """

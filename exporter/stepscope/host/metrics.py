@@ -7,22 +7,18 @@ and ``node_pressure_*`` have them).
 
 from __future__ import annotations
 
-from stepscope.exposition import Family, join_labels
-from stepscope.gpu.fields import GAUGE
-from stepscope.snapshot import Snapshot
-from stepscope.training.metrics import rank_labels
+from stepscope.core.exposition import GAUGE, Family, join_labels
+from stepscope.core.labels import LabelSchema
+from stepscope.host.model import HostReading
 
 _MAIN = '{process="main"}'
 _WORKERS = '{process="dataloader_workers"}'
 
 
-def host_families(snapshot: Snapshot) -> list[Family]:
+def host_families(host: HostReading, labels: LabelSchema) -> list[Family]:
     """``stepscope_dataloader_workers`` and ``stepscope_rank_cpu_cores`` per visible rank."""
-    host = snapshot.host
-    view = snapshot.training
-    if host is None or view is None:
+    if not host.processes:
         return []
-    by_uuid = {g.info.uuid: g.info for g in snapshot.gpus}
     workers = Family(
         "stepscope_dataloader_workers",
         GAUGE,
@@ -35,11 +31,11 @@ def host_families(snapshot: Snapshot) -> list[Family]:
         "CPU cores busy (CPU seconds per second over the last interval) in the rank's "
         "own process (process=main) and in its DataLoader workers together.",
     )
-    for r in view.ranks:
+    for r in labels.ranks:
         proc = host.processes.get(r.pid) if r.pid is not None else None
         if proc is None:
             continue
-        lbl = rank_labels(r, by_uuid.get(r.uuid) if r.uuid else None, snapshot.hostname)
+        lbl = labels.rank(r)
         workers.add(lbl, float(proc.workers))
         cpu.add(join_labels(lbl, _MAIN), proc.cpu_cores)
         cpu.add(join_labels(lbl, _WORKERS), proc.workers_cpu_cores)

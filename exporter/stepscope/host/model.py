@@ -5,17 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from stepscope.core.source import PartKey
+
 
 @dataclass(frozen=True)
 class Pressure:
     """One line of ``/proc/pressure/<resource>``: share of wall time stalled (0-1).
 
-    ``some``: at least one task stalled; ``full``: all non-idle tasks stalled
-    (absent for CPU on older kernels). Averages over the kernel's last 10 s.
+    ``some``: at least one task stalled, averaged over the kernel's last 10 s (the
+    ``full`` line is not used by any rule).
     """
 
     some_avg10: float
-    full_avg10: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,6 @@ def parse_pressure(text: str) -> Pressure | None:
     ``some avg10=1.03 avg60=0.78 avg300=0.60 total=21685014`` -> 0.0103.
     """
     some: float | None = None
-    full: float | None = None
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         fields = dict(part.split("=", 1) for part in rest.split() if "=" in part)
@@ -76,8 +76,9 @@ def parse_pressure(text: str) -> Pressure | None:
             continue
         if kind == "some":
             some = avg10
-        elif kind == "full":
-            full = avg10
     if some is None:
         return None
-    return Pressure(some, full)
+    return Pressure(some)
+
+
+HOST_PART: PartKey[HostReading] = PartKey("host")

@@ -16,7 +16,11 @@ from typing import Any
 
 import psutil
 
-from stepscope.host.model import HostReading, Pressure, ProcessReading, parse_pressure
+from stepscope.core.exposition import Family
+from stepscope.core.labels import LabelSchema
+from stepscope.core.source import ReadContext, Source
+from stepscope.host.metrics import host_families
+from stepscope.host.model import HOST_PART, HostReading, Pressure, ProcessReading, parse_pressure
 
 log = logging.getLogger("stepscope.host")
 
@@ -55,8 +59,13 @@ def _cpu_seconds(proc: psutil.Process) -> float:
     return float(t.user + t.system)
 
 
-class HostSource:
-    """Reads the host; owns per-CPU and per-process baselines (sampler thread only)."""
+class HostSource(Source[HostReading]):
+    """Reads the host; owns per-CPU and per-process baselines (sampler thread only).
+
+    The pids it looks at are the training ranks' that the ingest named this pass.
+    """
+
+    key = HOST_PART
 
     def __init__(
         self,
@@ -76,7 +85,7 @@ class HostSource:
         except OSError:  # no PSI on this kernel (or disabled): absent, not zero
             return None
 
-    def _process(self, pid: int, dt: float, since: float) -> ProcessReading | None:
+    def _process(self, pid: int, dt: float) -> ProcessReading | None:
         tracked = self._procs.get(pid)
         try:
             if tracked is None:
@@ -99,10 +108,11 @@ class HostSource:
                     continue
                 cpu = _cpu_seconds(child)
                 prev = tracked.children.get(child.pid)
+                # a child seen for the first time is only a baseline: its CPU before
+                # this interval can't be told apart (create_time is only as exact as
+                # the boot time's whole second), and counting it read 3.5 cores on 2
                 if prev is not None:
                     workers_cpu += max(0.0, cpu - prev[1])
-                elif child.create_time() >= since:  # started since the last read
-                    workers_cpu += cpu
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             seen[child.pid] = (child, cpu)
@@ -114,10 +124,15 @@ class HostSource:
             cpus = ()
         return ProcessReading(pid, main / dt, workers, workers_cpu / dt, cpus)
 
-    def read(self, pids: Iterable[int] = ()) -> HostReading:
+    def read(self, ctx: ReadContext) -> HostReading:
+        return self.read_pids(r.pid for r in ctx.ranks if r.pid is not None)
+
+    def families(self, part: HostReading, labels: LabelSchema) -> Iterable[Family]:
+        return host_families(part, labels)
+
+    def read_pids(self, pids: Iterable[int] = ()) -> HostReading:
         """One reading; ``pids`` are the training ranks' processes to look at."""
         now = self._clock()
-        wall_since = time.time() - (now - self._prev_t)
         dt = max(now - self._prev_t, 1e-3)
         self._prev_t = now
         cpus = list(psutil.cpu_times(percpu=True))
@@ -130,7 +145,7 @@ class HostSource:
             del self._procs[gone]
         processes: dict[int, ProcessReading] = {}
         for pid in sorted(wanted):
-            reading = self._process(pid, dt, wall_since)
+            reading = self._process(pid, dt)
             if reading is not None:
                 processes[pid] = reading
         return HostReading(

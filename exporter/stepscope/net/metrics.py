@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from stepscope.exposition import Family, label_string
-from stepscope.gpu.fields import COUNTER, GAUGE
-from stepscope.net.rdma import RDMA_COUNTERS
-from stepscope.snapshot import Snapshot
+from stepscope.core.exposition import COUNTER, GAUGE, Family, label_string
+from stepscope.net.rdma import RDMA_COUNTERS, RdmaPort
 
 _READ = " Read from sysfs by the exporter every interval, not at scrape time."
 
 
-def rdma_families(snapshot: Snapshot) -> list[Family]:
+def rdma_families(ports: tuple[RdmaPort, ...]) -> list[Family]:
     """One family per counter of :data:`RDMA_COUNTERS` that some port has."""
-    ports = snapshot.rdma
     if not ports:
         return []
     labels = [label_string((("device", p.device), ("port", p.port))) for p in ports]

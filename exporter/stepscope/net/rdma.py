@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stepscope.core.source import PartKey
+
 SYSFS_INFINIBAND = Path("/sys/class/infiniband")
 
 
@@ -181,3 +183,7 @@ def read_rdma_ports(root: Path = SYSFS_INFINIBAND) -> tuple[RdmaPort, ...]:
 
 def _port_order(name: str) -> tuple[int, str]:
     return (int(name), "") if name.isdigit() else (1 << 30, name)
+
+
+# The RDMA source's part: every port of the node (() where there is none).
+RDMA_PART: PartKey[tuple[RdmaPort, ...]] = PartKey("rdma")

@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from stepscope.train import schema
-from stepscope.train._datagram import StepEncoder
+from stepscope import datagram as schema
+from stepscope.datagram import StepEncoder
 from stepscope.train._env import (
     cuda_device_uuid,
     loaded_torch,
@@ -382,6 +382,37 @@ class StepReporter:
         except Exception as err:
             self._warn_once("ddp", "stepscope: watch_ddp failed, no comm timing: %r", err)
             return False
+
+    def add_time(self, phase: str, start: Any, end: Any) -> None:
+        """Count ``start``→``end`` as ``phase`` time the caller measured itself.
+
+        For integrations whose framework fetches batches or communicates outside
+        ``timed()`` and ``watch_ddp()`` (Lightning, the Hugging Face Trainer, FSDP).
+        ``phase="data_wait"``: a wait for input between steps; ``start``/``end`` are
+        ``time.perf_counter()`` readings and, like time in ``timed()``, the wait goes
+        to the next step. ``phase="comm"``: exposed communication inside the open
+        step; ``time.perf_counter()`` readings, or two timing CUDA events read with
+        the step like the DDP hook's. Never raises.
+        """
+        try:
+            if phase == "data_wait":
+                seconds = float(end) - float(start)
+                if seconds > 0.0:
+                    self._data += seconds
+                    if self._mark is None:
+                        self._mark = float(start)
+            elif phase == "comm":
+                comm = self._comm
+                with comm.lock:
+                    if isinstance(start, float):
+                        comm.host_seconds += max(0.0, float(end) - start)
+                    else:
+                        comm.event_pairs.append((start, [end]))
+                self._watching = True  # from now on steps collect comm
+            else:
+                self._warn_once("add_time", "stepscope: add_time: unknown phase %r", phase)
+        except Exception as err:
+            self._warn_once("add_time", "stepscope: add_time failed: %r", err)
 
     def close(self, timeout: float = 1.0) -> None:
         """Send what is queued (waiting at most ``timeout`` s for a busy exporter) and

@@ -1,32 +1,42 @@
-"""The HTTP side: serves the latest rendered Snapshot, never calls a source.
+"""The HTTP side: serves the latest published Snapshot, never calls a source.
 
-Routes: ``/metrics`` (text exposition, gzip when asked), ``/`` (landing page),
-``/healthz`` (the process answers) and ``/readyz`` (a snapshot newer than three
-intervals exists).
+Routes: ``/metrics`` (text exposition, gzip when asked), ``/healthz`` (the process
+answers), ``/readyz`` (a snapshot newer than three intervals exists), and the pages a
+domain package adds (the diagnosis adds ``/`` and ``/api/v1/diagnosis``). A page is
+rendered at most once per snapshot (and readiness): many clients cost one rendering.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from stepscope.diagnose.api import diagnosis_document
-from stepscope.diagnose.page import render_status_page
-from stepscope.exposition import CONTENT_TYPE
-from stepscope.snapshot import RenderedSnapshot
+from stepscope.core.exposition import CONTENT_TYPE
+from stepscope.core.snapshot import Published
 
 STALE_INTERVALS = 3.0
 
 
 class SnapshotSource(Protocol):
-    """Anything that holds the latest rendered snapshot (the Sampler)."""
+    """Anything that holds the latest published snapshot (the Sampler)."""
 
     @property
-    def latest(self) -> RenderedSnapshot | None: ...
+    def latest(self) -> Published | None: ...
+
+
+@dataclass(frozen=True)
+class Page:
+    """A route rendered from the latest snapshot: ``render(latest, readiness)`` returns
+    the body; it runs once per snapshot and readiness state (ready or stale), whatever
+    the request rate."""
+
+    content_type: str
+    render: Callable[[Published | None, str], bytes]
 
 
 def _accepts_gzip(request: web.Request) -> bool:
@@ -37,7 +47,7 @@ def _accepts_gzip(request: web.Request) -> bool:
     return False
 
 
-def readiness(latest: RenderedSnapshot | None, now: float) -> tuple[bool, str]:
+def readiness(latest: Published | None, now: float) -> tuple[bool, str]:
     """Whether a fresh snapshot exists, and a one-line reason."""
     if latest is None:
         return False, "no snapshot yet: the first sampling pass has not completed"
@@ -53,8 +63,9 @@ def make_app(
     source: SnapshotSource,
     clock: Callable[[], float] = time.monotonic,
     middlewares: tuple[Middleware, ...] = (),
+    pages: Mapping[str, Page] | None = None,
 ) -> web.Application:
-    """The aiohttp application serving ``source``'s snapshots."""
+    """The aiohttp application serving ``source``'s snapshots and ``pages``."""
 
     async def metrics(request: web.Request) -> web.Response:
         latest = source.latest
@@ -73,20 +84,22 @@ def make_app(
         ok, reason = readiness(source.latest, clock())
         return web.Response(status=200 if ok else 503, text=reason + "\n")
 
-    async def index(request: web.Request) -> web.Response:
-        latest = source.latest
-        _, reason = readiness(latest, clock())
-        page = render_status_page(latest.snapshot if latest else None, reason)
-        return web.Response(text=page, content_type="text/html")
+    def page_handler(path: str, page: Page) -> Callable[[web.Request], object]:
+        async def handle(request: web.Request) -> web.Response:
+            latest = source.latest
+            ok, reason = readiness(latest, clock())
+            if latest is None:
+                body = page.render(None, reason)
+            else:  # once per snapshot and readiness state: a stale page says it once
+                body = latest.memo((path, ok), lambda: page.render(latest, reason))
+            return web.Response(body=body, headers={"Content-Type": page.content_type})
 
-    async def diagnosis(request: web.Request) -> web.Response:
-        latest = source.latest
-        return web.json_response(diagnosis_document(latest.snapshot if latest else None))
+        return handle
 
     app = web.Application(middlewares=list(middlewares))
-    app.router.add_get("/", index)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/api/v1/diagnosis", diagnosis)
+    for path, page in (pages or {}).items():
+        app.router.add_get(path, page_handler(path, page))  # type: ignore[arg-type]
     return app

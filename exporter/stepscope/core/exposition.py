@@ -18,6 +18,11 @@ from prometheus_client.metrics_core import Metric
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+# Family types as the text format names them.
+GAUGE = "gauge"
+COUNTER = "counter"
+HISTOGRAM = "histogram"
+
 
 def format_value(value: float) -> str:
     """A sample value as Prometheus reads it: integers without a fraction."""

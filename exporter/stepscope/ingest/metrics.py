@@ -1,45 +1,26 @@
 """Map the training part of a Snapshot to metric families: pure functions.
 
-Per rank: labels ``job``, ``rank``, ``local_rank`` and the ``gpu``, ``UUID``,
-``modelName``, ``Hostname`` of the rank's GPU, joined by the UUID the rank reported
-(empty GPU labels when the rank has no GPU of this node; ``Hostname`` always set).
-Per GPU: ``stepscope_gpu_peak_flops`` for models in the peak table. Ingest health.
+Per rank: the rank label set of the pass's label schema (the rank joined with its GPU
+by the UUID it reported). Per GPU: ``stepscope_gpu_peak_flops`` for models in the peak
+table, on the GPU's label set. Ingest health.
 """
 
 from __future__ import annotations
 
-from stepscope.exposition import Family, join_labels, label_string
-from stepscope.gpu.fields import COUNTER, GAUGE
-from stepscope.gpu.model import GpuInfo
-from stepscope.snapshot import Snapshot
-from stepscope.train.schema import PHASES
-from stepscope.training.aggregate import STEP_BUCKETS, RankView
-from stepscope.training.mfu import rank_mfu
-from stepscope.training.peak_flops import PeakTable
+from stepscope.core.exposition import COUNTER, GAUGE, HISTOGRAM, Family, join_labels, label_string
+from stepscope.core.labels import LabelSchema
+from stepscope.datagram import PHASES
+from stepscope.ingest.aggregate import STEP_BUCKETS, TrainingView
+from stepscope.ingest.mfu import rank_mfu
+from stepscope.ingest.peak_flops import PeakTable
 
-HISTOGRAM = "histogram"
 # le values as prometheus_client writes them ("0.5", "1.0", "+Inf")
 _LE = (*(label_string((("le", repr(float(b))),)) for b in STEP_BUCKETS), '{le="+Inf"}')
 _PHASE = tuple(label_string((("phase", p),)) for p in PHASES)
 _REPORTED = " Reported by the training ranks, aggregated by the exporter; warm-up steps excluded."
 
 
-def rank_labels(rank: RankView, gpu: GpuInfo | None, hostname: str) -> str:
-    """The label set on every per-rank series, rendered."""
-    return label_string(
-        (
-            ("job", rank.job),
-            ("rank", str(rank.rank)),
-            ("local_rank", str(rank.local_rank)),
-            ("gpu", str(gpu.index) if gpu else ""),
-            ("UUID", gpu.uuid if gpu else ""),
-            ("modelName", gpu.name if gpu else ""),
-            ("Hostname", hostname),
-        )
-    )
-
-
-def peak_flops_families(snapshot: Snapshot, peaks: PeakTable) -> list[Family]:
+def peak_flops_families(labels: LabelSchema, peaks: PeakTable) -> list[Family]:
     """``stepscope_gpu_peak_flops{precision}`` for every GPU whose model is in the table."""
     fam = Family(
         "stepscope_gpu_peak_flops",
@@ -47,29 +28,19 @@ def peak_flops_families(snapshot: Snapshot, peaks: PeakTable) -> list[Family]:
         "Datasheet peak dense FLOP/s of this GPU model per precision (the MFU "
         "denominator); absent for models not in the table.",
     )
-    host = snapshot.hostname
-    for g in snapshot.gpus:
-        figures = peaks.figures(g.info.name)
+    for g in labels.gpus:
+        figures = peaks.figures(g.model_name)
         if not figures:
             continue
-        base = label_string(
-            (
-                ("gpu", str(g.info.index)),
-                ("UUID", g.info.uuid),
-                ("modelName", g.info.name),
-                ("Hostname", host),
-            )
-        )
+        base = labels.gpu(g.uuid)
         for precision, value in sorted(figures.items()):
             fam.add(join_labels(base, label_string((("precision", precision),))), value)
     return [fam]
 
 
-def rank_families(snapshot: Snapshot, peaks: PeakTable) -> list[Family]:
-    """Every per-rank family for the ranks in ``snapshot.training``."""
-    view = snapshot.training
-    ranks = view.ranks if view is not None else ()
-    by_uuid = {g.info.uuid: g.info for g in snapshot.gpus}
+def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
+    """Every per-rank family for the ranks in ``view``."""
+    peaks = view.settings.peak_flops
     duration = Family(
         "stepscope_step_duration_seconds",
         HISTOGRAM,
@@ -121,10 +92,9 @@ def rank_families(snapshot: Snapshot, peaks: PeakTable) -> list[Family]:
         "Facts about a rank; the value is always 1. mfu_status says whether MFU is "
         "exported and, if not, why.",
     )
-    host = snapshot.hostname
-    for r in ranks:
-        gpu = by_uuid.get(r.uuid) if r.uuid else None
-        lbl = rank_labels(r, gpu, host)
+    for r in view.ranks:
+        gpu = labels.gpu_identity(r.uuid)
+        lbl = labels.rank(r.identity)
         measured = r.measured_steps
         cumulative = 0
         for le, count in zip(_LE, r.bucket_counts, strict=True):
@@ -160,11 +130,8 @@ def rank_families(snapshot: Snapshot, peaks: PeakTable) -> list[Family]:
     return [duration, steps, warmup, phases, tokens, flops, mfu, last, dropped, info]
 
 
-def ingest_families(snapshot: Snapshot) -> list[Family]:
+def ingest_families(view: TrainingView) -> list[Family]:
     """The ingest's health: bound or not, datagrams accepted and rejected, ranks tracked."""
-    view = snapshot.training
-    if view is None:
-        return []
     up = Family(
         "stepscope_ingest_up",
         GAUGE,
@@ -193,11 +160,10 @@ def ingest_families(snapshot: Snapshot) -> list[Family]:
     return [up, accepted, rejected, ranks]
 
 
-def training_families(snapshot: Snapshot) -> list[Family]:
-    """Every training-related family for ``snapshot``."""
-    peaks = snapshot.peak_flops
+def training_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
+    """Every training-related family for ``view``."""
     return [
-        *peak_flops_families(snapshot, peaks),
-        *rank_families(snapshot, peaks),
-        *ingest_families(snapshot),
+        *peak_flops_families(labels, view.settings.peak_flops),
+        *rank_families(view, labels),
+        *ingest_families(view),
     ]

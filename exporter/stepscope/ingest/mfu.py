@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from stepscope.gpu.model import GpuInfo
-from stepscope.training.aggregate import RankView
-from stepscope.training.peak_flops import PeakTable
+from stepscope.core.labels import GpuIdentity
+from stepscope.ingest.aggregate import RankView
+from stepscope.ingest.peak_flops import PeakTable
 
 MFU_STATUSES: tuple[str, ...] = (
     "ok",
@@ -45,11 +45,11 @@ class Mfu(NamedTuple):
     status: str
 
 
-def rank_mfu(rank: RankView, gpu: GpuInfo | None, peaks: PeakTable) -> Mfu:
+def rank_mfu(rank: RankView, gpu: GpuIdentity | None, peaks: PeakTable) -> Mfu:
     """The rank's MFU over the aggregator's window, or why there is none."""
     if gpu is None:
         return Mfu(None, "unknown_gpu" if rank.uuid else "no_gpu")
-    figures = peaks.figures(gpu.name)
+    figures = peaks.figures(gpu.model_name)
     if figures is None:
         return Mfu(None, "unknown_model")
     peak = figures.get(rank.precision)

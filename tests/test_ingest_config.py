@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stepscope.config import ConfigError, load
-from stepscope.serve import settings_of, training_settings_of
+from stepscope.serve import training_settings_of
 
 
 def test_training_defaults_are_the_documented_ones() -> None:
@@ -31,7 +31,7 @@ def test_training_settings_from_flags_env_and_file(tmp_path: Path) -> None:
     assert cfg.max_jobs == 8 and cfg.max_ranks_per_job == 64
     # YAML 1.1 reads 1.2e15 as a string; it is still a number of FLOP/s
     assert cfg.peak_flops["NVIDIA Foo"] == {"bf16": 1.2e15, "fp8": 2.4e15}
-    table = settings_of(cfg).peak_flops
+    table = training_settings_of(cfg).peak_flops
     assert table.lookup("NVIDIA Foo", "bf16") == 1.2e15
     assert table.lookup("NVIDIA H200", "bf16") == pytest.approx(989.4e12)
 

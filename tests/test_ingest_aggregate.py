@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from stepscope.training.aggregate import STEP_BUCKETS, Aggregator, TrainingSettings
-from stepscope.training.datagram import Limits, StepRecord
+from stepscope.datagram import Limits, StepRecord
+from stepscope.ingest.aggregate import STEP_BUCKETS, Aggregator, TrainingSettings
 
 
 class FakeClock:

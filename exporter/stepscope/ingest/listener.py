@@ -29,9 +29,8 @@ import stat
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from stepscope.train.schema import MAX_DATAGRAM_BYTES
-from stepscope.training.aggregate import Aggregator
-from stepscope.training.datagram import Rejection, parse_datagram
+from stepscope.datagram import MAX_DATAGRAM_BYTES, Rejection, parse_datagram
+from stepscope.ingest.aggregate import Aggregator
 
 log = logging.getLogger("stepscope.ingest")
 

@@ -28,9 +28,13 @@ from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 
-from stepscope.training.datagram import REJECT_REASONS, Limits, StepRecord
+from stepscope.core.labels import RankIdentity
+from stepscope.core.source import PartKey
+from stepscope.datagram import REJECT_REASONS, Limits, Phases, StepRecord
+from stepscope.ingest.peak_flops import DATASHEET_PEAKS, PeakTable
 
 # Upper bounds (seconds) of the step-duration histogram, for training steps from
 # 10 ms (small models, inference-like loops) to 2 min (huge global batches, pipeline
@@ -51,6 +55,7 @@ class TrainingSettings:
     limits: Limits = field(default_factory=Limits)
     mfu_window: float = 30.0
     rank_expiry: float = 300.0
+    peak_flops: PeakTable = DATASHEET_PEAKS
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class RankView:
     """One rank as the latest snapshot saw it. Counters are since it was first seen.
 
     ``bucket_counts`` are per bucket of :data:`STEP_BUCKETS` plus +Inf (not
-    cumulative). ``phase_seconds`` is (data_wait, compute, comm, other).
+    cumulative). ``phase_seconds``: the measured steps' seconds by phase.
     ``achieved_flops_per_second`` is None until a measured step was seen;
     ``has_flops`` says whether any measured step reported FLOPs > 0.
     """
@@ -74,7 +79,7 @@ class RankView:
     warmup_steps: int
     step_seconds_sum: float
     bucket_counts: tuple[int, ...]
-    phase_seconds: tuple[float, float, float, float]
+    phase_seconds: Phases
     tokens: int
     flops: float
     has_flops: bool
@@ -87,17 +92,26 @@ class RankView:
         """Steps that count for step time and MFU (not warm-up)."""
         return self.steps - self.warmup_steps
 
+    @property
+    def identity(self) -> RankIdentity:
+        """What names this rank in labels, with its GPU and pid."""
+        return RankIdentity(self.job, self.rank, self.local_rank, self.uuid, self.pid)
+
 
 @dataclass(frozen=True)
 class TrainingView:
     """The training side at one instant: ingest health and every live rank."""
 
     ingest_up: bool
-    ingest_address: str
     accepted: int
     rejected: Mapping[str, int] = field(default_factory=dict)
     ranks: tuple[RankView, ...] = ()
     settings: TrainingSettings = field(default_factory=TrainingSettings)
+
+    @cached_property
+    def by_key(self) -> Mapping[tuple[str, int], RankView]:
+        """The ranks by (job, rank), built once per view (the diagnosis looks them up)."""
+        return {(r.job, r.rank): r for r in self.ranks}
 
 
 class _RankState:
@@ -218,7 +232,7 @@ class _RankState:
             warmup_steps=self.warmup_steps,
             step_seconds_sum=self.dur_sum,
             bucket_counts=tuple(self.buckets),
-            phase_seconds=(self.data_wait, self.compute, self.comm, self.other),
+            phase_seconds=Phases(self.data_wait, self.compute, self.comm, self.other),
             tokens=self.tokens,
             flops=self.flops,
             has_flops=self.has_flops,
@@ -327,12 +341,13 @@ class Aggregator:
             )
             accepted = self._accepted
             rejected = MappingProxyType(dict(self._rejected))
-        listening = self._listening
         return TrainingView(
-            ingest_up=listening is not None,
-            ingest_address=listening or "",
+            ingest_up=self._listening is not None,
             accepted=accepted,
             rejected=rejected,
             ranks=ranks,
             settings=settings,
         )
+
+
+INGEST_PART: PartKey[TrainingView] = PartKey("ingest")

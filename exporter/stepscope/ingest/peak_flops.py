@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from stepscope.train.schema import PRECISIONS
+from stepscope.datagram import PRECISIONS
 
 T = 1e12
 
@@ -108,10 +108,6 @@ class PeakTable:
         """Every known precision's peak for this exact model, or None for an unknown model."""
         return self._entries.get(model_name)
 
-    def models(self) -> tuple[str, ...]:
-        """The model names in the table, sorted."""
-        return tuple(sorted(self._entries))
-
     def with_overrides(self, extra: Mapping[str, Mapping[str, float]]) -> PeakTable:
         """A table with ``extra`` merged in, per model and precision (extra wins)."""
         merged = {model: dict(figures) for model, figures in self._entries.items()}
@@ -135,10 +131,3 @@ class PeakTable:
 
 DATASHEET_PEAKS = PeakTable(_DATASHEET)
 assert all(p in PRECISIONS for f in _DATASHEET.values() for p in f)
-
-
-def peak_flops_for(
-    model_name: str, precision: str, table: PeakTable = DATASHEET_PEAKS
-) -> float | None:
-    """Peak dense FLOP/s of one GPU of ``model_name`` at ``precision``; None if unknown."""
-    return table.lookup(model_name, precision)

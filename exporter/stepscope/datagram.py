@@ -1,33 +1,89 @@
-"""Parse and validate one ingest datagram: bytes in, a StepRecord or a Rejection out.
+"""The ingest datagram, schema version 1: the one definition both sides use.
 
-Pure functions over plain data, no sockets: the listener calls
-:func:`parse_datagram` for every datagram it receives, the tests call it directly.
-The schema is :mod:`stepscope.train.schema` (version 1). Every bad datagram is
-rejected under exactly one reason from :data:`REJECT_REASONS`, a small fixed set
-so ``stepscope_ingest_rejected_total{reason}`` stays low-cardinality.
+A training rank (the SDK, :mod:`stepscope.train`) encodes one datagram per step with
+:class:`StepEncoder`; the exporter's ingest validates it with :func:`parse_datagram`.
+Standard library only, and importing it imports nothing else of stepscope, so the
+SDK stays light and the ingest never loads the SDK.
 
-This is the per-datagram hot path (target: 50,000 datagrams/s on one core with
-the socket and the aggregation included), so checks are plain ``type() is`` tests
-and comparisons rather than a schema library.
+One UTF-8 JSON object per datagram, at most :data:`MAX_DATAGRAM_BYTES` bytes, sent
+fire-and-forget to the node's exporter (Unix datagram socket by default, UDP on
+loopback as an option). This module is the single definition both sides use: the
+SDK (:mod:`stepscope.train`) encodes it, the exporter's ingest validates it. It is
+standard library only, like the SDK.
+
+Fields of a ``"type": "step"`` datagram (``*`` = required):
+
+=================  ========  ==================================================
+key                type      meaning
+=================  ========  ==================================================
+``v`` *           int       schema version, :data:`SCHEMA_VERSION`
+``type`` *        str       ``"step"``
+``job`` *         str       job name, label-safe (:data:`LABEL_VALUE_RE`)
+``rank`` *        int       global rank, 0 <= rank < :data:`MAX_RANK`
+``local_rank`` *  int       rank on this node, 0 <= local_rank < 1024
+``world_size``    int       ranks in the job, >= 1
+``pid``           int       the rank's process id (for host-side diagnosis)
+``uuid``          str       the rank's GPU UUID (``GPU-...``) when CUDA is used
+``step`` *        int       optimizer step number, >= 0
+``warmup``        bool      true for the first ``warmup_steps`` steps
+``t`` *           float     Unix time the step ended
+``dur`` *         float     step wall time, seconds, 0 < dur <= MAX_STEP_SECONDS
+``data``          float     of which waiting for the next batch, seconds
+``compute``       float     of which computing (forward, backward, optimizer)
+``comm``          float     of which exposed communication (waiting on all-reduce)
+``tokens``        int       tokens processed by this rank in this step, >= 0
+``flops``         float     model FLOPs of this rank in this step, >= 0
+``precision``     str       ``bf16`` | ``fp16`` | ``tf32`` | ``fp32`` | ``fp8``
+``dropped``       int       datagrams this rank failed to send so far
+=================  ========  ==================================================
+
+Phases: ``data + compute + comm <= dur`` (up to rounding); the rest of the step is
+``other``. Unknown keys are ignored (forward compatibility within a version); a
+different ``v`` is rejected.
+
+Validation is the per-datagram hot path (target: 50,000 datagrams/s on one core with
+the socket and the aggregation included), so checks are plain ``type() is`` tests and
+comparisons rather than a schema library. Every bad datagram is rejected under exactly
+one reason from :data:`REJECT_REASONS`, a small fixed set, so
+``stepscope_ingest_rejected_total{reason}`` stays low-cardinality.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from stepscope.train.schema import (
-    LABEL_VALUE_RE,
-    MAX_DATAGRAM_BYTES,
-    MAX_LABEL_LENGTH,
-    MAX_LOCAL_RANK,
-    MAX_RANK,
-    MAX_STEP_SECONDS,
-    PRECISIONS,
-    SCHEMA_VERSION,
-)
+SCHEMA_VERSION = 1
+MAX_DATAGRAM_BYTES = 4096
+MAX_RANK = 1 << 20
+MAX_LOCAL_RANK = 1024
+MAX_STEP_SECONDS = 86400.0
+MAX_LABEL_LENGTH = 128
+# Label values we accept from a training process: printable, no quotes or
+# backslashes, no whitespace: safe in every exposition and PromQL selector.
+LABEL_VALUE_RE = re.compile(r"\A[A-Za-z0-9_.:/@+=-]{1,128}\Z")
+PRECISIONS = ("bf16", "fp16", "tf32", "fp32", "fp8")
+PHASES = ("data_wait", "compute", "comm", "other")
+
+
+class Phases(NamedTuple):
+    """Seconds of a step (or a sum of steps) by phase; field order is :data:`PHASES`."""
+
+    data_wait: float = 0.0
+    compute: float = 0.0
+    comm: float = 0.0
+    other: float = 0.0
+
+
+DEFAULT_INGEST = "unix:///run/stepscope/ingest.sock"
+INGEST_ENV = "STEPSCOPE_INGEST"
+
+
+
 
 # Why a datagram was dropped. Parsing reasons first, then the aggregator's caps,
 # then "internal" (a bug in the exporter; never expected, counted rather than raised).
@@ -62,7 +118,7 @@ class Limits:
     """What the exporter accepts from training processes (bounds cardinality).
 
     ``max_label_length`` applies to ``job``, the one free-form label (at most the
-    schema's :data:`~stepscope.train.schema.MAX_LABEL_LENGTH`, which bounds ``uuid``);
+    schema's :data:`~stepscope.datagram.MAX_LABEL_LENGTH`, which bounds ``uuid``);
     ``max_jobs`` and ``max_ranks_per_job`` are enforced by the aggregator.
     """
 
@@ -245,3 +301,51 @@ def parse_datagram(data: bytes, limits: Limits) -> StepRecord | Rejection:
         return _step(obj, limits)
     except _Reject as rej:
         return Rejection(rej.reason, rej.detail)
+
+
+# ---------------------------------------------------------------- encoding (SDK side)
+
+# What the SDK's training thread queues per step, a plain tuple (cheapest to build;
+# encoded later on the sender thread): (step, warmup, t, dur, data, compute, comm,
+# tokens, flops). The exporter's parsed form is :class:`StepRecord`.
+PendingStep = tuple[int, bool, float, float, float, float, float, int, float]
+
+
+class StepEncoder:
+    """Turns a :data:`PendingStep` into datagram bytes for one rank."""
+
+    def __init__(
+        self,
+        job: str,
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        precision: str,
+        uuid: str | None = None,
+    ) -> None:
+        head: dict[str, object] = {
+            "v": SCHEMA_VERSION,
+            "type": "step",
+            "job": job,
+            "rank": rank,
+            "local_rank": local_rank,
+            "world_size": world_size,
+            "pid": os.getpid(),
+            "precision": precision,
+        }
+        if uuid is not None:
+            head["uuid"] = uuid
+        self.prefix = json.dumps(head, separators=(",", ":"))[:-1] + ","
+
+    def encode(self, record: PendingStep, dropped: int) -> bytes:
+        """The datagram for ``record``, ``dropped`` being the rank's count so far.
+
+        Durations are printed to the nanosecond (``%.9f``), so every value is a
+        plain JSON number; ``flops`` is finite (checked when the record is made).
+        """
+        step, warm, t, dur, data, compute, comm, tokens, flops = record
+        return (
+            f'{self.prefix}"step":{step},"warmup":{"true" if warm else "false"},'
+            f'"t":{t:.6f},"dur":{dur:.9f},"data":{data:.9f},"compute":{compute:.9f},'
+            f'"comm":{comm:.9f},"tokens":{tokens},"flops":{flops!r},"dropped":{dropped}}}'
+        ).encode()

@@ -1,0 +1,5 @@
+"""The exporter's core: the source registry, the label schema, the Snapshot, rendering
+and serving. Nothing here imports a domain package (``gpu``, ``ingest``, ``host``,
+``net``, ``aws``, ``attribution``, ``diagnose``); they import the core and plug into it
+(``tests/test_layering.py`` keeps it so). docs/architecture.md draws the flow.
+"""

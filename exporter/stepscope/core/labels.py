@@ -1,0 +1,170 @@
+"""The label schema: every label set stepscope serves, defined once and rendered once.
+
+Three kinds of series carry labels of their subject:
+
+- **GPU** series: dcgm-exporter's set ``gpu``, ``UUID``, ``pci_bus_id``, ``device``,
+  ``modelName``, ``Hostname``, plus whatever the enrichment stage attributes to the GPU
+  (``hpc_job`` today; Kubernetes pods and training jobs next);
+- **rank** series (a training rank, and the verdict about it): ``job``, ``rank``,
+  ``local_rank`` and the ``gpu``, ``UUID``, ``modelName``, ``Hostname`` of the rank's
+  GPU (empty where the rank has no GPU of this node). A verdict about a GPU that no
+  rank reported uses the same set with the rank labels empty;
+- **node** series: ``Hostname`` alone.
+
+The sampler builds one :class:`LabelSchema` per pass from the identities the sources
+read and the enrichment they attribute; renderers ask it for rendered label strings and
+never assemble label sets themselves. Rendered strings are kept across passes while
+the facts behind them stay the same, so a steady node escapes each label set once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from stepscope.core.exposition import join_labels, label_string
+
+# The host label's name: dcgm-exporter's (its older generation; see docs/metrics.md).
+HOST_LABEL = "Hostname"
+
+# Extra (name, value) label pairs the enrichment stage attributes to a GPU.
+Pairs = tuple[tuple[str, str], ...]
+
+# Caches are cleared when they grow past this (hostnames, jobs and pods change over a
+# long life; a node never has this many live label sets at once).
+_MAX_CACHED = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class GpuIdentity:
+    """What names a GPU in labels: read once, the same on every series of that GPU."""
+
+    index: int
+    uuid: str
+    pci_bus_id: str
+    model_name: str
+
+    @property
+    def device(self) -> str:
+        """The ``device`` label dcgm-exporter uses: ``nvidia<index>``."""
+        return f"nvidia{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class RankIdentity:
+    """What names a training rank in labels, and where it runs (its GPU, its pid)."""
+
+    job: str
+    rank: int
+    local_rank: int
+    uuid: str | None = None
+    pid: int | None = None
+
+
+class LabelSchema:
+    """The label sets of one pass: GPUs by UUID, ranks, the node. Immutable once built."""
+
+    __slots__ = ("_gpu", "_gpus", "_node", "_rank_cache", "_ranks", "hostname", "ranks")
+
+    def __init__(
+        self,
+        hostname: str,
+        gpus: Sequence[GpuIdentity],
+        gpu_labels: Mapping[str, str],
+        ranks: Sequence[RankIdentity],
+        rank_cache: dict[tuple[object, ...], str],
+    ) -> None:
+        self.hostname = hostname
+        self._gpus = {g.uuid: g for g in gpus}
+        self._gpu = gpu_labels
+        self.ranks: tuple[RankIdentity, ...] = tuple(ranks)
+        self._rank_cache = rank_cache
+        self._node = label_string(((HOST_LABEL, hostname),))
+
+    @property
+    def gpus(self) -> tuple[GpuIdentity, ...]:
+        """Every GPU of the node, in the order the GPU source read them."""
+        return tuple(self._gpus.values())
+
+    def gpu_identity(self, uuid: str | None) -> GpuIdentity | None:
+        """The GPU with this UUID on this node, or None."""
+        return self._gpus.get(uuid) if uuid else None
+
+    def gpu(self, uuid: str) -> str:
+        """The GPU's full label set (dcgm-exporter's plus enrichment), rendered."""
+        return self._gpu[uuid]
+
+    def node(self) -> str:
+        """``{Hostname="..."}``."""
+        return self._node
+
+    def rank(self, rank: RankIdentity) -> str:
+        """The label set of a rank's series, joined with its GPU by UUID."""
+        return self.subject(rank.job, rank.rank, rank.local_rank, rank.uuid)
+
+    def subject(
+        self, job: str, rank: int | None, local_rank: int | None, uuid: str | None
+    ) -> str:
+        """The rank label set for any subject: a rank, or a GPU without one (rank None)."""
+        gpu = self.gpu_identity(uuid)
+        key = (job, rank, local_rank, gpu, self.hostname)
+        cached = self._rank_cache.get(key)
+        if cached is None:
+            if len(self._rank_cache) > _MAX_CACHED:
+                self._rank_cache.clear()
+            cached = self._rank_cache[key] = label_string(
+                (
+                    ("job", job),
+                    ("rank", "" if rank is None else str(rank)),
+                    ("local_rank", "" if local_rank is None else str(local_rank)),
+                    ("gpu", str(gpu.index) if gpu else ""),
+                    ("UUID", gpu.uuid if gpu else ""),
+                    ("modelName", gpu.model_name if gpu else ""),
+                    (HOST_LABEL, self.hostname),
+                )
+            )
+        return cached
+
+    @staticmethod
+    def extend(labels: str, pairs: Iterable[tuple[str, str]]) -> str:
+        """``labels`` with more pairs appended (``{reason="..."}`` on a GPU's set)."""
+        return join_labels(labels, label_string(pairs))
+
+
+class LabelSchemaBuilder:
+    """Builds each pass's :class:`LabelSchema`, reusing rendered strings across passes."""
+
+    def __init__(self) -> None:
+        self._gpu_cache: dict[tuple[GpuIdentity, str, Pairs], str] = {}
+        self._rank_cache: dict[tuple[object, ...], str] = {}
+
+    def build(
+        self,
+        hostname: str,
+        gpus: Sequence[GpuIdentity],
+        ranks: Sequence[RankIdentity] = (),
+        enrichment: Mapping[str, Pairs] | None = None,
+    ) -> LabelSchema:
+        """The schema for these facts; ``enrichment`` maps a GPU UUID to its extra pairs."""
+        cache = self._gpu_cache
+        if len(cache) > _MAX_CACHED:
+            cache.clear()
+        rendered: dict[str, str] = {}
+        for g in gpus:
+            extra = enrichment.get(g.uuid, ()) if enrichment else ()
+            key = (g, hostname, extra)
+            labels = cache.get(key)
+            if labels is None:
+                labels = cache[key] = label_string(
+                    (
+                        ("gpu", str(g.index)),
+                        ("UUID", g.uuid),
+                        ("pci_bus_id", g.pci_bus_id),
+                        ("device", g.device),
+                        ("modelName", g.model_name),
+                        (HOST_LABEL, hostname),
+                        *extra,
+                    )
+                )
+            rendered[g.uuid] = labels
+        return LabelSchema(hostname, gpus, rendered, ranks, self._rank_cache)

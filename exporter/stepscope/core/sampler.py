@@ -1,0 +1,342 @@
+"""The sampler: reads every registered source on its tier, off the event loop.
+
+One pass, top to bottom: read each due source in registration order (each read timed,
+its failure isolated, its health kept), build the label schema from the GPUs and ranks
+the sources named plus the enrichment they attribute, freeze a Snapshot, run the
+analyses over it, render every family once and swap the reference the web server
+serves. A scrape never reads a source. Sources never call each other: a read sees only
+the identities earlier sources named (its ReadContext).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from stepscope.core.exposition import Family, render
+from stepscope.core.health import health_families, process_families
+from stepscope.core.labels import LabelSchema, LabelSchemaBuilder, Pairs
+from stepscope.core.snapshot import Published, Snapshot
+from stepscope.core.source import (
+    Analysis,
+    ReadContext,
+    Registry,
+    Source,
+    SourceHealth,
+    Tier,
+)
+
+log = logging.getLogger("stepscope.sampler")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplerSettings:
+    """What a reload may change without restarting the sampler."""
+
+    hostname: str
+    interval: float
+    slow_interval: float
+
+
+@dataclass(slots=True)
+class _Entry:
+    """A source's bookkeeping: latest part and health. Sampler thread only, except a
+    background source's ``latest`` tuple, which its reader thread swaps whole."""
+
+    source: Source[object]
+    part: object | None = None
+    health: SourceHealth | None = None
+    errors: int = 0
+    last_read: float = -math.inf
+    last_error: str = ""
+    latest: tuple[object | None, SourceHealth | None] = (None, None)
+    started: float | None = None
+    thread: threading.Thread | None = None
+
+    def due(self, now: float, settings: SamplerSettings) -> bool:
+        tier = self.source.tier
+        if tier is Tier.FAST:
+            return True
+        every = settings.slow_interval if tier is Tier.SLOW else float(tier)
+        return now - self.last_read >= every - 1e-3
+
+
+@dataclass(slots=True)
+class _Timed:
+    """Bookkeeping for an analysis, like a source's."""
+
+    analysis: Analysis[object]
+    errors: int = 0
+    last_error: str = ""
+    health: SourceHealth | None = None
+    result: object | None = field(default=None)
+
+
+class Sampler:
+    """Owns the sources while running; the only thread that reads the foreground ones."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        settings: SamplerSettings,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        build_labels: Mapping[str, str] | None = None,
+    ) -> None:
+        self._entries = [_Entry(s) for s in registry.sources]
+        self._analyses = [_Timed(a) for a in registry.analyses]
+        self._settings = settings
+        self._clock = clock
+        self._wall = wall_clock
+        self._build_labels = dict(build_labels or {})
+        self._labels = LabelSchemaBuilder()
+        self._latest: Published | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.passes = 0
+
+    @property
+    def latest(self) -> Published | None:
+        """The newest published snapshot (None before the first pass)."""
+        return self._latest
+
+    @property
+    def settings(self) -> SamplerSettings:
+        return self._settings
+
+    def update(self, settings: SamplerSettings) -> None:
+        """Apply reloaded settings from the next pass on (reference swap, no lock)."""
+        self._settings = settings
+
+    # ------------------------------------------------------------ reading
+
+    def _fail(self, entry: _Entry | _Timed, name: str, exc: Exception, duration: float) -> None:
+        entry.errors += 1
+        message = f"{type(exc).__name__}: {exc}"
+        if message != entry.last_error:  # a source failing every pass logs once
+            log.error("source %s failed: %s", name, message, exc_info=exc)
+        entry.last_error = message
+        entry.health = SourceHealth(False, duration, entry.errors, message)
+
+    def _read(self, entry: _Entry, ctx: ReadContext) -> tuple[object | None, SourceHealth]:
+        """One timed, isolated read; returns (part, health) and updates the entry."""
+        source = entry.source
+        ctx.errors = 0
+        t0 = self._clock()
+        try:
+            part = source.read(ctx)
+        except Exception as exc:  # a source's bug or outage costs its own part only
+            entry.errors += ctx.errors
+            self._fail(entry, source.name, exc, self._clock() - t0)
+            assert entry.health is not None
+            return None, entry.health
+        entry.errors += ctx.errors
+        if entry.last_error:
+            log.warning("source %s is reading again", source.name)
+            entry.last_error = ""
+        entry.health = SourceHealth(True, self._clock() - t0, entry.errors)
+        return part, entry.health
+
+    def _background(self, entry: _Entry) -> None:
+        """A background source's own loop: read, publish (part, health), wait."""
+        source = entry.source
+        while not self._stop.is_set():
+            latest = self._latest
+            snap = latest.snapshot if latest else None
+            settings = self._settings
+            ctx = ReadContext(
+                self._clock(),
+                settings.interval,
+                settings.slow_interval,
+                snap.labels.gpus if snap else (),
+                snap.labels.ranks if snap else (),
+            )
+            part, health = self._read(entry, ctx)
+            entry.latest = (part, health)  # one reference swap
+            tier = source.tier
+            every = settings.slow_interval if tier in (Tier.FAST, Tier.SLOW) else float(tier)
+            if math.isinf(every):
+                if health.success:
+                    return  # read once
+                every = settings.slow_interval  # retry a failed one-off read
+            self._stop.wait(every)
+
+    def _take_background(self, entry: _Entry, now: float) -> None:
+        if entry.thread is None:
+            entry.started = now
+            entry.thread = threading.Thread(
+                target=self._background,
+                args=(entry,),
+                name=f"stepscope-{entry.source.name}",
+                daemon=True,
+            )
+            entry.thread.start()
+        part, health = entry.latest
+        if health is None:  # the first read has not finished
+            assert entry.started is not None
+            health = SourceHealth(False, now - entry.started, entry.errors, pending=True)
+        entry.part, entry.health = part, health
+
+    # ------------------------------------------------------------ one pass
+
+    def _enrich(self, entries: list[_Entry], ctx: ReadContext) -> dict[str, Pairs]:
+        """The enrichment stage: every source's extra GPU labels, merged in one place.
+
+        A label name already on the GPU (or given by an earlier source) is not repeated:
+        a series never carries one name twice.
+        """
+        taken = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
+        merged: dict[str, Pairs] = {}
+        for entry in entries:
+            try:
+                extra = entry.source.gpu_labels(entry.part, ctx.gpus)
+            except Exception as exc:
+                self._fail(entry, entry.source.name, exc, 0.0)
+                continue
+            for uuid, pairs in extra.items():
+                have = merged.get(uuid, ())
+                names = taken | {k for k, _ in have}
+                merged[uuid] = have + tuple((k, v) for k, v in pairs if k not in names and v)
+        return merged
+
+    def _families(
+        self,
+        entry: _Entry | _Timed,
+        name: str,
+        make: Callable[[Any, Any], Iterable[Family]],
+        *args: Any,
+    ) -> list[Family]:
+        try:
+            return list(make(*args))
+        except Exception as exc:  # a renderer bug costs that source's series only
+            self._fail(entry, name, exc, 0.0)
+            return []
+
+    def sample_once(self) -> Published:
+        """Run one pass now, publish its snapshot and return it."""
+        settings = self._settings
+        start = self._clock()
+        ctx = ReadContext(start, settings.interval, settings.slow_interval)
+        parts: dict[str, object] = {}
+        health: dict[str, SourceHealth] = {}
+        live: list[_Entry] = []
+        for entry in self._entries:
+            source = entry.source
+            if source.background:
+                self._take_background(entry, start)
+            elif entry.due(start, settings):
+                entry.last_read = start
+                entry.part, _ = self._read(entry, ctx)
+            if entry.health is not None:
+                health[source.name] = entry.health
+            if entry.part is None:
+                continue
+            parts[source.name] = entry.part
+            live.append(entry)
+            try:
+                ctx.gpus += tuple(source.gpus(entry.part))
+                ctx.ranks += tuple(source.ranks(entry.part))
+            except Exception as exc:
+                self._fail(entry, source.name, exc, 0.0)
+        labels = self._labels.build(
+            settings.hostname, ctx.gpus, ctx.ranks, self._enrich(live, ctx)
+        )
+        evidence: dict[str, tuple[str, ...]] = {}
+        for entry in live:
+            try:
+                lines = tuple(entry.source.evidence(entry.part))
+            except Exception as exc:
+                self._fail(entry, entry.source.name, exc, 0.0)
+                continue
+            if lines:
+                evidence[entry.source.name] = lines
+        snapshot = Snapshot(
+            timestamp=self._wall(),
+            monotonic=self._clock(),
+            hostname=settings.hostname,
+            interval=settings.interval,
+            slow_interval=settings.slow_interval,
+            labels=labels,
+            parts=parts,
+            health=health,
+            evidence=evidence,
+        )
+        results = self._analyse(snapshot, health)
+        snapshot = replace(snapshot, health=health, collect_duration_seconds=self._clock() - start)
+        published = Published(snapshot, results, render(self._render(live, labels, snapshot)))
+        self._latest = published
+        self.passes += 1
+        return published
+
+    def _analyse(self, snapshot: Snapshot, health: dict[str, SourceHealth]) -> dict[str, object]:
+        results: dict[str, object] = {}
+        for timed in self._analyses:
+            name = timed.analysis.name
+            t0 = self._clock()
+            try:
+                timed.result = timed.analysis.run(snapshot)
+            except Exception as exc:  # a rule bug must not cost the metrics
+                timed.result = None
+                self._fail(timed, name, exc, self._clock() - t0)
+            else:
+                timed.health = SourceHealth(True, self._clock() - t0, timed.errors)
+                timed.last_error = ""
+            if timed.health is not None:
+                health[name] = timed.health
+            if timed.result is not None:
+                results[name] = timed.result
+        return results
+
+    def _render(self, live: list[_Entry], labels: LabelSchema, snapshot: Snapshot
+                ) -> list[Family]:  # fmt: skip
+        families: list[Family] = []
+        for entry in live:
+            source = entry.source
+            families += self._families(entry, source.name, source.families, entry.part, labels)
+        for timed in self._analyses:
+            analysis = timed.analysis
+            if timed.result is not None:
+                families += self._families(
+                    timed, analysis.name, analysis.families, timed.result, snapshot
+                )
+        families += health_families(snapshot, self._build_labels)
+        families += process_families()
+        return families
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _run(self) -> None:
+        next_at = self._clock()
+        while not self._stop.is_set():
+            try:
+                self.sample_once()
+            except Exception:  # never let the sampling thread die silently
+                log.exception("sampling pass failed")
+            interval = self._settings.interval
+            next_at += interval
+            now = self._clock()
+            if next_at < now:  # fell behind (suspend, slow NVML): skip, don't burst
+                next_at = now + interval
+            self._stop.wait(next_at - now)
+
+    def start(self) -> None:
+        """Start the sampling thread (the first pass runs immediately)."""
+        self._thread = threading.Thread(target=self._run, name="stepscope-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the threads and close every source."""
+        self._stop.set()
+        for t in [self._thread, *(e.thread for e in self._entries)]:
+            if t is not None:
+                t.join(timeout)
+        for entry in self._entries:
+            try:
+                entry.source.close()
+            except Exception:
+                log.exception("closing source %s failed", entry.source.name)

@@ -1,0 +1,85 @@
+"""The Snapshot: everything the exporter knows at one instant, immutable.
+
+It holds each source's part by the source's name, each source's health and the pass's
+label schema; analyses (the diagnosis) ride beside it in :class:`Published`, with the
+bytes rendered once for ``/metrics``. The sampler builds one per pass and swaps a
+reference; everything that serves reads the latest one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+from stepscope.core.labels import LabelSchema
+from stepscope.core.source import PartKey, SourceHealth
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One sampling pass.
+
+    ``timestamp`` is wall-clock time (served), ``monotonic`` the monotonic time used for
+    staleness and windows. ``parts`` holds each source's latest part by name (a source
+    that has nothing to report has none); ``evidence`` its lines for the diagnosis.
+    """
+
+    timestamp: float
+    monotonic: float
+    hostname: str
+    interval: float
+    slow_interval: float
+    labels: LabelSchema
+    parts: Mapping[str, object] = field(default_factory=dict)
+    health: Mapping[str, SourceHealth] = field(default_factory=dict)
+    evidence: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    collect_duration_seconds: float = 0.0
+
+    def part(self, key: PartKey[T]) -> T | None:
+        """The part of the source named by ``key``, or None."""
+        return cast("T | None", self.parts.get(key.name))
+
+    def age(self, now_monotonic: float) -> float:
+        """Seconds since this snapshot was taken."""
+        return now_monotonic - self.monotonic
+
+
+class Published:
+    """A snapshot, its analyses' results and its exposition, rendered once, served many
+    times. Other renderings (the gzip form, JSON, the status page) are made on the first
+    request that asks for them and kept for the life of this snapshot.
+    """
+
+    __slots__ = ("_lock", "_memo", "body", "results", "snapshot")
+
+    def __init__(self, snapshot: Snapshot, results: Mapping[str, object], body: bytes) -> None:
+        self.snapshot = snapshot
+        self.results = results
+        self.body = body
+        self._memo: dict[object, Any] = {}
+        self._lock = threading.Lock()
+
+    def result(self, name: str, kind: type[T]) -> T | None:
+        """The result of the analysis ``name`` if it is a ``kind``, else None."""
+        value = self.results.get(name)
+        return value if isinstance(value, kind) else None
+
+    def memo(self, key: object, make: Callable[[], T]) -> T:
+        """``make()`` once per snapshot for ``key``; later calls return the same object."""
+        try:
+            return cast(T, self._memo[key])
+        except KeyError:
+            pass
+        with self._lock:  # requests run on one loop; the lock guards thread-pool callers
+            if key not in self._memo:
+                self._memo[key] = make()
+            return cast(T, self._memo[key])
+
+    def gzipped(self) -> bytes:
+        """The body gzip-compressed (level 1: the text compresses ~10x anyway)."""
+        return self.memo("gzip", lambda: gzip.compress(self.body, compresslevel=1, mtime=0))

@@ -1,0 +1,39 @@
+"""The diagnosis as an analysis stage: verdicts over a window of Snapshots, each pass.
+
+The sampler runs it after the reads; it keeps the bounded window, calls the pure rules
+(:func:`~stepscope.diagnose.engine.diagnose`) and renders the verdict families. Its
+result rides beside the Snapshot it was computed for, so ``/metrics``,
+``/api/v1/diagnosis`` and ``/`` all show the same verdicts and no request computes any.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from stepscope.core.exposition import Family
+from stepscope.core.snapshot import Snapshot
+from stepscope.core.source import Analysis
+from stepscope.diagnose.engine import diagnose
+from stepscope.diagnose.metrics import diagnosis_families
+from stepscope.diagnose.model import Diagnosis
+from stepscope.diagnose.thresholds import Thresholds
+from stepscope.diagnose.window import SnapshotWindow
+
+DIAGNOSIS = "diagnosis"
+
+
+class DiagnosisAnalysis(Analysis[Diagnosis]):
+    """Keeps the window; ``thresholds`` may be swapped on reload."""
+
+    name = DIAGNOSIS
+
+    def __init__(self, thresholds: Thresholds | None = None) -> None:
+        self.thresholds = thresholds or Thresholds()
+        self._window = SnapshotWindow()
+
+    def run(self, snapshot: Snapshot) -> Diagnosis:
+        th = self.thresholds
+        return diagnose(self._window.push(snapshot, th.window), th)
+
+    def families(self, result: Diagnosis, snapshot: Snapshot) -> Iterable[Family]:
+        return diagnosis_families(result, snapshot.labels)

@@ -1,0 +1,108 @@
+"""Map the GPU part of a Snapshot to metric families: pure functions over plain data.
+
+Per-GPU families come from the table in :mod:`stepscope.gpu.fields`; up/info, the
+clock-event one-hot and durations, and XIDs are built here. Every series carries the
+GPU's label set from the pass's label schema (dcgm-exporter's labels plus enrichment).
+Every value was read by the sampler on its own interval, never at scrape time.
+"""
+
+from __future__ import annotations
+
+from stepscope.core.exposition import COUNTER, GAUGE, Family, join_labels, label_string
+from stepscope.core.labels import LabelSchema
+from stepscope.gpu.fields import CLOCK_EVENT_DURATION_KEYS, CLOCK_EVENT_REASONS, FIELDS
+from stepscope.gpu.model import GpuPart
+
+_SAMPLED = " Sampled by the exporter every interval, not at scrape time."
+_REASON = {reason: label_string((("reason", reason),)) for _, reason in CLOCK_EVENT_REASONS}
+
+
+def gpu_families(part: GpuPart, labels: LabelSchema) -> list[Family]:
+    """All per-GPU families for the GPUs in ``part``."""
+    gpus = [(g, labels.gpu(g.info.uuid)) for g in part.gpus]
+    live = [(g, lbl) for g, lbl in gpus if g.up]
+    extend = labels.extend
+    fams: list[Family] = []
+
+    up = Family(
+        "stepscope_gpu_up",
+        GAUGE,
+        "Whether the GPU answered its last sampling pass (1) or is down (0).",
+    )
+    info = Family("stepscope_gpu_info", GAUGE, "Static facts about the GPU; the value is always 1.")
+    cpu = Family(
+        "stepscope_gpu_sample_cpu_seconds_total",
+        COUNTER,
+        "CPU time the exporter spent reading this GPU (NVML calls included).",
+    )
+    for g, lbl in gpus:
+        up.add(lbl, 1.0 if g.up else 0.0)
+        i = g.info
+        info.add(
+            extend(
+                lbl,
+                (
+                    ("driver_version", i.driver_version),
+                    ("serial", i.serial),
+                    ("vbios_version", i.vbios_version),
+                    ("profiling", "supported" if i.profiling_supported else "unsupported"),
+                    ("mig_mode", i.mig_mode),
+                ),
+            ),
+            1.0,
+        )
+        cpu.add(lbl, g.sample_cpu_seconds)
+    fams += [up, info, cpu]
+
+    for spec in FIELDS:
+        fam = Family(spec.name, spec.type, spec.help + _SAMPLED)
+        key = spec.key
+        for g, lbl in live:
+            v = g.values.get(key)
+            if v is not None:
+                fam.add(lbl, v)
+        fams.append(fam)
+
+    active = Family(
+        "stepscope_gpu_clock_event_active",
+        GAUGE,
+        "Whether each clock event (throttle) reason is active now (one-hot per "
+        "reason, decoded from DCGM_FI_DEV_CLOCKS_EVENT_REASONS).",
+    )
+    for g, lbl in live:
+        mask = g.values.get("clocks_event_reasons")
+        if mask is None:
+            continue
+        bits = int(mask)
+        for bit, reason in CLOCK_EVENT_REASONS:
+            active.add(join_labels(lbl, _REASON[reason]), 1.0 if bits & bit else 0.0)
+    fams.append(active)
+
+    durations = Family(
+        "stepscope_gpu_clock_event_seconds_total",
+        COUNTER,
+        "Cumulative time clocks were held down, by reason (NVML clock event reason field ids).",
+    )
+    for g, lbl in live:
+        for key, reason in CLOCK_EVENT_DURATION_KEYS:
+            ns = g.values.get(key)
+            if ns is not None:
+                durations.add(join_labels(lbl, _REASON[reason]), ns / 1e9)
+    fams.append(durations)
+
+    last_xid = Family(
+        "DCGM_FI_DEV_XID_ERRORS",
+        GAUGE,
+        "Value of the last XID error encountered (0: none since the exporter started).",
+    )
+    xids = Family(
+        "stepscope_xid_errors_total",
+        COUNTER,
+        "XID errors reported by the driver since the exporter started, by XID code.",
+    )
+    for g, lbl in gpus:
+        last_xid.add(lbl, float(g.last_xid))
+        for code, count in sorted(g.xid_counts.items()):
+            xids.add(extend(lbl, (("xid", str(code)),)), float(count))
+    fams += [last_xid, xids]
+    return fams
