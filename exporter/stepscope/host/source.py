@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +44,13 @@ def _busy(prev: Any, cur: Any) -> tuple[float, float]:
     return min(1.0, max(0.0, 1.0 - idle / total)), min(1.0, max(0.0, iowait / total))
 
 
+@dataclass(slots=True)
 class _Tracked:
     """A rank's process and the CPU seconds seen of it and its children."""
 
-    __slots__ = ("children", "cpu", "proc")
-
-    def __init__(self, proc: psutil.Process, cpu: float) -> None:
-        self.proc = proc
-        self.cpu = cpu
-        self.children: dict[int, tuple[psutil.Process, float]] = {}
+    proc: psutil.Process
+    cpu: float
+    children: dict[int, tuple[psutil.Process, float]] = field(default_factory=dict)
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:

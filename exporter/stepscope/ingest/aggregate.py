@@ -33,7 +33,7 @@ from types import MappingProxyType
 
 from stepscope.core.labels import RankIdentity
 from stepscope.core.source import PartKey
-from stepscope.datagram import REJECT_REASONS, Limits, Phases, StepRecord
+from stepscope.datagram import DEFAULT_PRECISION, REJECT_REASONS, Limits, Phases, StepRecord
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS, PeakTable
 
 # Upper bounds (seconds) of the step-duration histogram, for training steps from
@@ -114,58 +114,33 @@ class TrainingView:
         return {(r.job, r.rank): r for r in self.ranks}
 
 
+@dataclass(slots=True)
 class _RankState:
     """Mutable per-rank accumulators, only touched under the aggregator's lock."""
 
-    __slots__ = (
-        "buckets",
-        "comm",
-        "compute",
-        "data_wait",
-        "dropped",
-        "dur_sum",
-        "flops",
-        "has_flops",
-        "job",
-        "last_seen",
-        "last_t",
-        "local_rank",
-        "other",
-        "pid",
-        "precision",
-        "rank",
-        "steps",
-        "tokens",
-        "uuid",
-        "warmup_steps",
-        "window",
-        "world_size",
-    )
-
-    def __init__(self, job: str, rank: int) -> None:
-        self.job = job
-        self.rank = rank
-        self.local_rank = 0
-        self.uuid: str | None = None
-        self.pid: int | None = None
-        self.world_size: int | None = None
-        self.precision = "bf16"
-        self.steps = 0
-        self.warmup_steps = 0
-        self.dur_sum = 0.0
-        self.buckets = [0] * (len(STEP_BUCKETS) + 1)
-        self.data_wait = 0.0
-        self.compute = 0.0
-        self.comm = 0.0
-        self.other = 0.0
-        self.tokens = 0
-        self.flops = 0.0
-        self.has_flops = False
-        self.last_t = 0.0
-        self.last_seen = 0.0
-        self.dropped = 0
-        # [second, flops, first start, last end] per whole second of receive time
-        self.window: deque[list[float]] = deque()
+    job: str
+    rank: int
+    local_rank: int = 0
+    uuid: str | None = None
+    pid: int | None = None
+    world_size: int | None = None
+    precision: str = DEFAULT_PRECISION
+    steps: int = 0
+    warmup_steps: int = 0
+    dur_sum: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))
+    data_wait: float = 0.0
+    compute: float = 0.0
+    comm: float = 0.0
+    other: float = 0.0
+    tokens: int = 0
+    flops: float = 0.0
+    has_flops: bool = False
+    last_t: float = 0.0
+    last_seen: float = 0.0
+    dropped: int = 0
+    # [second, flops, first start, last end] per whole second of receive time
+    window: deque[list[float]] = field(default_factory=deque)
 
     def observe(self, rec: StepRecord, now: float, window: float) -> None:
         self.last_seen = now

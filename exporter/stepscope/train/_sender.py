@@ -89,6 +89,10 @@ class DatagramSender:
         """Datagrams that were not sent (and never will be)."""
         return self.dropped_here + self.dropped_sending
 
+    def drop(self) -> None:
+        """Count one report lost before it was queued (the training thread's side)."""
+        self.dropped_here += 1
+
     def submit(self, item: Any) -> None:
         """Queue one item to send; never blocks. A full queue, or a closed sender,
         drops it (counted)."""

@@ -33,6 +33,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
@@ -115,45 +116,20 @@ class _Comm:
             return seconds, pairs
 
 
+@dataclass(slots=True)
 class _PendingStep:
     """A CUDA step whose events are not read yet."""
 
-    __slots__ = (
-        "comm_pairs",
-        "data",
-        "end",
-        "flops",
-        "gap_host",
-        "number",
-        "prev_end",
-        "start",
-        "tokens",
-        "warm",
-    )
-
-    def __init__(
-        self,
-        number: int,
-        warm: bool,
-        tokens: int,
-        flops: float,
-        data: float,
-        gap_host: float,
-        prev_end: Any,
-        start: Any,
-        end: Any,
-        comm_pairs: list[tuple[Any, list[Any]]],
-    ) -> None:
-        self.number = number
-        self.warm = warm
-        self.tokens = tokens
-        self.flops = flops
-        self.data = data
-        self.gap_host = gap_host
-        self.prev_end = prev_end
-        self.start = start
-        self.end = end
-        self.comm_pairs = comm_pairs
+    number: int
+    warm: bool
+    tokens: int
+    flops: float
+    data: float
+    gap_host: float
+    prev_end: Any
+    start: Any
+    end: Any
+    comm_pairs: list[tuple[Any, list[Any]]]
 
 
 class _StepContext:
@@ -510,7 +486,7 @@ class StepReporter:
             self._prev_end, self._start_event = ev, None
             self._drain(final=False)
         except Exception as err:
-            self._sender.dropped_here += 1
+            self._sender.drop()
             self._warn_once("exit", "stepscope: step end failed: %r", err)
 
     def _work(self) -> tuple[int, float]:
@@ -566,7 +542,7 @@ class StepReporter:
             if dur <= 0.0:
                 dur = 1e-9  # clock granularity: an empty step
             else:
-                self._sender.dropped_here += 1
+                self._sender.drop()
                 return
         comm = min(max(comm, 0.0), body)
         if not flops < math.inf:  # inf or NaN from an overflowing product
@@ -633,7 +609,7 @@ class StepReporter:
             if not self._complete(p):
                 if final or len(pending) > _MAX_PENDING:
                     pending.popleft()
-                    self._sender.dropped_here += 1
+                    self._sender.drop()
                     continue
                 return
             pending.popleft()
