@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepscope import __version__
-from stepscope.config import Config, ConfigError, env_name, load
+from stepscope.config import Config, ConfigError, Listen, env_name, load
 
 if TYPE_CHECKING:
     from stepscope.gpu.model import GpuBackend
@@ -53,34 +53,42 @@ def _parser() -> argparse.ArgumentParser:
         "config file or as STEPSCOPE_<NAME> in the environment (flags win).",
     )
 
+    defaults = Config()
+
     def opt(name: str, metavar: str, help_: str) -> None:
         key = name.replace("-", "_")
+        default = getattr(defaults, key, None)
+        if isinstance(default, (int, float, str, Listen)) and not isinstance(default, bool):
+            shown = f"{default:g}" if isinstance(default, float) else str(default)
+            # the default is defined once, in Config, and shown from there
+            if shown and "(default" not in help_:
+                help_ = f"{help_} (default {shown})"
         serve.add_argument(
             f"--{name}", dest=key, metavar=metavar, default=None, help=f"{help_} [${env_name(key)}]"
         )
 
     opt("config", "FILE", "YAML config file")
-    opt("listen", "HOST:PORT", "address to serve on (default :9400)")
-    opt("interval", "SECONDS", "sampling interval for activity and clocks (default 1)")
+    opt("listen", "HOST:PORT", "address to serve on")
+    opt("interval", "SECONDS", "sampling interval for activity and clocks")
     opt(
         "slow-interval",
         "SECONDS",
-        "sampling interval for costly counters: energy, violation times (default 10)",
+        "sampling interval for costly counters: energy, violation times",
     )
     opt("simulate", "N", "serve N simulated GPUs instead of real ones (anywhere, no driver)")
     opt("scenario", "FILE", "YAML scenario scripting the simulated GPUs over time")
     opt("hostname", "NAME", "Hostname label (default $NODE_NAME, else this host's name)")
-    opt("ingest", "URL", "training ingest socket (default unix:///run/stepscope/ingest.sock)")
-    opt("rank-expiry", "SECONDS", "forget a training rank silent this long (default 300)")
-    opt("mfu-window", "SECONDS", "window over which MFU is computed (default 30)")
-    opt("max-jobs", "N", "training jobs tracked per node; more are rejected (default 8)")
-    opt("max-ranks-per-job", "N", "ranks tracked per job; more are rejected (default 64)")
-    opt("max-label-length", "N", "longest accepted job name or GPU UUID (default 128)")
+    opt("ingest", "URL", "training ingest socket")
+    opt("rank-expiry", "SECONDS", "forget a training rank silent this long")
+    opt("mfu-window", "SECONDS", "window over which MFU is computed")
+    opt("max-jobs", "N", "training jobs tracked per node; more are rejected")
+    opt("max-ranks-per-job", "N", "ranks tracked per job; more are rejected")
+    opt("max-label-length", "N", "longest accepted job name or GPU UUID")
     opt("web-config", "FILE", "TLS / basic auth, Prometheus exporter-toolkit format")
     opt("hpc-job-dir", "DIR", "Slurm job-to-GPU mapping directory (dcgm-exporter format); "
         "adds the hpc_job label to GPU series (default off)")
-    opt("log-level", "LEVEL", "debug, info, warning or error (default info)")
-    opt("log-format", "FORMAT", "text or json: one JSON object per line (default text)")
+    opt("log-level", "LEVEL", "debug, info, warning or error")
+    opt("log-format", "FORMAT", "text or json: one JSON object per line")
     opt(
         "wait-for-driver",
         "SECONDS",

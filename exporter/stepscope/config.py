@@ -20,8 +20,10 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from stepscope.datagram import DEFAULT_INGEST, MAX_LABEL_LENGTH, Limits
 from stepscope.datagram import PRECISIONS as _PRECISIONS
 from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
+from stepscope.ingest.aggregate import TrainingSettings
 from stepscope.yamltext import mapping_text
 
 
@@ -51,17 +53,18 @@ class Config:
     simulate: int | None = None
     scenario: Path | None = None
     hostname: str = ""
-    ingest: str = "unix:///run/stepscope/ingest.sock"
+    ingest: str = DEFAULT_INGEST
     web_config: Path | None = None
     hpc_job_dir: Path | None = None
     log_level: str = "info"
     log_format: str = "text"
     wait_for_driver: float = 0.0
-    rank_expiry: float = 300.0
-    mfu_window: float = 30.0
-    max_jobs: int = 8
-    max_ranks_per_job: int = 64
-    max_label_length: int = 128
+    # the ingest's defaults are defined where they are enforced
+    rank_expiry: float = TrainingSettings.rank_expiry
+    mfu_window: float = TrainingSettings.mfu_window
+    max_jobs: int = Limits.max_jobs
+    max_ranks_per_job: int = Limits.max_ranks_per_job
+    max_label_length: int = Limits.max_label_length
     peak_flops: Mapping[str, Mapping[str, float]] = field(
         default_factory=lambda: MappingProxyType({})
     )
@@ -232,7 +235,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "mfu_window": _seconds(1, 600),
     "max_jobs": _count(1, 1024, "jobs"),
     "max_ranks_per_job": _count(1, 65536, "ranks"),
-    "max_label_length": _count(1, 128, "characters"),
+    "max_label_length": _count(1, MAX_LABEL_LENGTH, "characters"),
     "peak_flops": _parse_peak_flops,
     "diagnosis": parse_thresholds,
 }
