@@ -7,8 +7,10 @@
 #   docker run --rm --runtime nvidia -p 9400:9400 -v /run/stepscope:/run/stepscope stepscope
 #   docker run --rm -p 9400:9400 stepscope serve --simulate 4     # anywhere, no GPU
 
-# Pinned to an exact release; both stages must use the same Python (the venv links to it).
-ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+# Pinned by digest, so every build starts from the same bytes whatever the tag points at
+# later; the tag is kept for people. Both stages must use the same Python (the venv links
+# to it). Digest of the multi-platform index (docker-library/repo-info).
+ARG PYTHON_IMAGE=python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
 
 # ---- build: install the package and its runtime dependencies into a venv
 FROM ${PYTHON_IMAGE} AS build
@@ -17,18 +19,43 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/stepscope
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY exporter/ exporter/
-# Not editable, no test extra. auth: bcrypt for basic auth in --web-config; aws: botocore
-# for stepscope_node_info (IMDSv2) and boto3 for `stepscope discover`. Both optional:
-# --build-arg EXTRAS= builds the smallest image, which serves without them.
-ARG EXTRAS="auth,aws"
+# Not editable, no test extra. auth: bcrypt for basic auth in --web-config. Node info
+# (IMDSv2) needs no AWS SDK; `stepscope discover` (boto3, the aws extra) runs where
+# Prometheus is, not on the GPU node: --build-arg EXTRAS=auth,aws adds it.
+ARG EXTRAS="auth"
+# Then the venv's own pip and setuptools go: nothing in the image installs packages.
 RUN /opt/stepscope/bin/pip install --no-compile ".${EXTRAS:+[$EXTRAS]}" \
+    && /opt/stepscope/bin/python -m pip uninstall -q -y pip setuptools \
     && /opt/stepscope/bin/python -m compileall -q /opt/stepscope/lib
 
-# ---- runtime: the venv and nothing else
+# ---- runtime: the venv, the interpreter, nothing to install packages with
 FROM ${PYTHON_IMAGE}
-RUN groupadd --system --gid 10001 stepscope \
+ARG VERSION=0.1.0
+ARG REVISION=""
+LABEL org.opencontainers.image.title="stepscope" \
+      org.opencontainers.image.description="Per-node Prometheus exporter for distributed deep-learning training: DCGM-compatible GPU metrics, step-time breakdown, bottleneck verdicts" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.url="https://github.com/stepscope/stepscope" \
+      org.opencontainers.image.source="https://github.com/stepscope/stepscope" \
+      org.opencontainers.image.documentation="https://github.com/stepscope/stepscope/tree/main/docs" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.base.name="docker.io/library/python:3.11.16-slim-bookworm"
+# The base image's pip, setuptools and wheel are not needed to run, and their advisories
+# would be ours: removed, with the user and the socket directory, in one layer.
+RUN rm -rf /usr/local/bin/pip /usr/local/bin/pip3* /usr/local/bin/wheel \
+       /usr/local/lib/python3.11/site-packages/pip \
+       /usr/local/lib/python3.11/site-packages/pip-* \
+       /usr/local/lib/python3.11/site-packages/setuptools \
+       /usr/local/lib/python3.11/site-packages/setuptools-* \
+       /usr/local/lib/python3.11/site-packages/_distutils_hack \
+       /usr/local/lib/python3.11/site-packages/distutils-precedence.pth \
+       /usr/local/lib/python3.11/site-packages/pkg_resources \
+       /usr/local/lib/python3.11/site-packages/wheel \
+       /usr/local/lib/python3.11/site-packages/wheel-* \
+    && groupadd --system --gid 10001 stepscope \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
        --shell /usr/sbin/nologin stepscope \
     && install -d -o 10001 -g 10001 -m 0755 /run/stepscope
@@ -41,5 +68,9 @@ ENV PATH=/opt/stepscope/bin:$PATH \
 # Numeric, so Kubernetes' runAsNonRoot can verify it without reading /etc/passwd.
 USER 10001:10001
 EXPOSE 9400
+# For Docker and Compose (Kubernetes ignores it and uses the chart's probes; images built
+# in OCI format drop it). Follows STEPSCOPE_LISTEN and the config file, not --listen.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["python", "-m", "stepscope.healthcheck"]
 ENTRYPOINT ["stepscope"]
 CMD ["serve"]

@@ -64,10 +64,9 @@ def test_multi_stage_build_from_an_exactly_pinned_slim_python_without_cuda() -> 
     args = _global_args(cmds)
     bases = [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], s[0].value[0]) for s in stages]
     for base in bases:
-        # an exact release (python:3.11.11-slim-...) or a digest, never a moving tag
-        assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim(-\w+)?(@sha256:[0-9a-f]{64})?", base) or (
-            "@sha256:" in base
-        ), base
+        # an exact release for people, and the digest that makes it immutable: a tag
+        # (even python:3.11.16-slim-bookworm) is rebuilt and moved by its publisher
+        assert re.fullmatch(r"python:\d+\.\d+\.\d+-slim(-\w+)?@sha256:[0-9a-f]{64}", base), base
         assert "cuda" not in base
     assert len(set(bases)) == 1, "the venv links to the build stage's Python: same base"
 
@@ -97,6 +96,58 @@ def test_image_environment_port_and_command() -> None:
     assert [c.value for c in final if c.cmd == "EXPOSE"] == [("9400",)]
     assert [c.value for c in final if c.cmd == "ENTRYPOINT"] == [("stepscope",)]
     assert [c.value for c in final if c.cmd == "CMD"] == [("serve",)]
+
+
+def _python_minor() -> str:
+    base = _global_args(_instructions())["PYTHON_IMAGE"]
+    m = re.match(r"python:(\d+\.\d+)\.", base)
+    assert m, base
+    return m.group(1)
+
+
+def _pyproject() -> dict[str, object]:
+    import tomllib
+
+    project: dict[str, object] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return project
+
+
+def test_oci_labels_name_the_image_its_version_license_and_source() -> None:
+    final = _stages(_instructions())[-1]
+    labels: dict[str, str] = {}
+    for c in final:
+        if c.cmd == "LABEL":
+            values = [v.strip('"') for v in c.value[1::2]]
+            labels.update(zip(c.value[::2], values, strict=True))
+    args = {
+        c.value[0].partition("=")[0]: c.value[0].partition("=")[2].strip('"')
+        for c in final
+        if c.cmd == "ARG"
+    }
+    assert labels["org.opencontainers.image.title"] == "stepscope"
+    assert labels["org.opencontainers.image.licenses"] == _pyproject()["license"]
+    assert labels["org.opencontainers.image.version"] == "${VERSION}"
+    assert args["VERSION"] == _pyproject()["version"], "the image version is the package's"
+    assert labels["org.opencontainers.image.revision"] == "${REVISION}"
+    source = labels["org.opencontainers.image.source"]
+    assert source == _pyproject()["urls"]["Source"]  # type: ignore[index]
+    base = _global_args(_instructions())["PYTHON_IMAGE"].partition("@")[0]
+    assert labels["org.opencontainers.image.base.name"].endswith("/" + base)
+
+
+def test_the_runtime_stage_has_no_pip_or_setuptools_from_the_base_image() -> None:
+    final = _stages(_instructions())[-1]
+    runs = " ".join(" ".join(c.value) for c in final if c.cmd == "RUN")
+    site = f"/usr/local/lib/python{_python_minor()}/site-packages"
+    for path in (f"{site}/pip", f"{site}/setuptools", f"{site}/wheel", "/usr/local/bin/pip"):
+        assert re.search(rf"rm -rf[^&]*\s{re.escape(path)}\s", runs + " "), path
+
+
+def test_healthcheck_asks_the_exporter_itself() -> None:
+    final = _stages(_instructions())[-1]
+    (check,) = [c for c in final if c.cmd == "HEALTHCHECK"]
+    assert check.value == ("CMD", "python", "-m", "stepscope.healthcheck")
+    assert "--interval=30s" in check.flags and "--timeout=5s" in check.flags
 
 
 def test_hadolint_finds_nothing() -> None:
@@ -155,6 +206,7 @@ def test_build_context_holds_only_the_package_sources() -> None:
     rules = _dockerignore()
     assert not _excluded("pyproject.toml", rules)
     assert not _excluded("exporter/stepscope/cli.py", rules)
+    assert not _excluded("LICENSE", rules), "pyproject.toml's license-files"
     for private in ("tests/conftest.py", ".venv/bin/python", ".git/config", "helm/stepscope/x"):
         assert _excluded(private, rules), private
 
@@ -180,6 +232,12 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         check=True,
         capture_output=True,
     )
+    # as the build stage does: the venv keeps no installer
+    uninstall = "python -m pip uninstall -q -y pip setuptools"
+    assert uninstall in " ".join(" ".join(c.value) for c in _stages(_instructions())[0])
+    subprocess.run(
+        [str(venv / "bin" / "python"), *uninstall.split()[1:]], check=True, capture_output=True
+    )
     yield venv
 
 
@@ -188,7 +246,10 @@ def test_image_install_has_its_extras_and_serves_simulated_gpus(image_venv: Path
     for module, extra in (("bcrypt", "auth"), ("boto3", "aws"), ("botocore.utils", "aws")):
         found = subprocess.run([py, "-c", f"import {module}"], capture_output=True).returncode == 0
         assert found == (extra in _extras().split(",")), module
-    assert subprocess.run([py, "-c", "import pytest"], capture_output=True).returncode != 0
+    assert "aws" not in _extras().split(","), "node info needs no AWS SDK; discover runs elsewhere"
+    for absent in ("pytest", "pip", "setuptools"):
+        assert subprocess.run([py, "-c", f"import {absent}"], capture_output=True).returncode != 0
+    assert not list((image_venv / "bin").glob("pip*"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPSCOPE_", "VIRTUAL_ENV"))}
     env.update(
         PYTHONUNBUFFERED="1",
@@ -228,7 +289,14 @@ def test_image_install_has_its_extras_and_serves_simulated_gpus(image_venv: Path
             samples = parse_samples(resp.read().decode())
         assert len(samples["stepscope_gpu_up"]) == 2
         assert {lbl["gpu"] for lbl, _ in samples["DCGM_FI_PROF_SM_ACTIVE"]} == {"0", "1"}
+        # the HEALTHCHECK command, as Docker runs it, with the port from the environment
+        health_env = {**env, "STEPSCOPE_LISTEN": address}
+        health = [py, "-m", "stepscope.healthcheck"]
+        ok = subprocess.run(health, env=health_env, capture_output=True, text=True)
+        assert ok.returncode == 0, ok.stderr
     finally:
         proc.terminate()
         proc.wait(timeout=15)
     assert proc.returncode == 0
+    down = subprocess.run(health, env=health_env, capture_output=True, text=True)
+    assert down.returncode == 1 and "nothing answers" in down.stderr
