@@ -120,7 +120,7 @@ def test_ranks_report_steps_phases_tokens_flops_and_mfu_joined_with_their_gpus(
 
     fams = wait_for(done)
     for rank in ("0", "1"):
-        lbl = {"job": "llama", "rank": rank}
+        lbl = {"training_job": "llama", "rank": rank}
         assert value(fams, "stepscope_warmup_steps_total", **lbl) == 2
         assert value(fams, "stepscope_step_duration_seconds_count", **lbl) == 6
         assert value(fams, "stepscope_step_duration_seconds_sum", **lbl) == 6.0
@@ -138,7 +138,7 @@ def test_ranks_report_steps_phases_tokens_flops_and_mfu_joined_with_their_gpus(
             t0 + 8)
         assert value(fams, "stepscope_sdk_dropped_datagrams_total", **lbl) == 0
     labels = next(lbl for lbl, _ in fams["stepscope_steps_total"] if lbl["rank"] == "1")
-    assert labels == {"job": "llama", "rank": "1", "local_rank": "1", "gpu": "1",
+    assert labels == {"training_job": "llama", "rank": "1", "local_rank": "1", "gpu": "1",
                       "UUID": uuids["1"], "modelName": "NVIDIA H100 80GB HBM3",
                       "Hostname": "node-3"}
     info = {lbl["rank"]: lbl for lbl, _ in fams["stepscope_training_rank_info"]}
@@ -208,7 +208,7 @@ def test_a_rank_that_stops_reporting_expires_and_its_series_disappear(
     sender = Sender(url)
     sender.send(step("short", 0, 0, time.time(), None))
     sender.close()
-    wait_for(lambda: value(scrape(exp), "stepscope_steps_total", job="short") == 1)
+    wait_for(lambda: value(scrape(exp), "stepscope_steps_total", training_job="short") == 1)
 
     def expired() -> Samples | None:
         fams = scrape(exp)
@@ -242,7 +242,7 @@ def test_udp_on_loopback_is_an_alternative(exporters: list[Exporter]) -> None:
     sender = Sender(url)
     sender.send(step("udp-job", 0, 0, time.time(), None))
     sender.close()
-    wait_for(lambda: value(scrape(exp), "stepscope_steps_total", job="udp-job") == 1)
+    wait_for(lambda: value(scrape(exp), "stepscope_steps_total", training_job="udp-job") == 1)
 
 
 def test_a_stale_socket_is_replaced_but_a_live_one_is_not_stolen(
@@ -262,7 +262,7 @@ def test_a_stale_socket_is_replaced_but_a_live_one_is_not_stolen(
     sender = Sender(url)
     sender.send(step("after-restart", 0, 0, time.time(), None))
     sender.close()
-    wait_for(lambda: value(scrape(third), "stepscope_steps_total", job="after-restart") == 1)
+    wait_for(lambda: value(scrape(third), "stepscope_steps_total", training_job="after-restart") == 1)
 
 
 def test_sighup_applies_new_training_limits(sock_dir: Path, exporters: list[Exporter]) -> None:

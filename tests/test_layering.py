@@ -29,7 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "train": {"datagram"},
     **{s: {"core", "datagram"} for s in SOURCES},
     "diagnose": {"core", "datagram", "yamltext", *SOURCES},
-    "config": {"datagram", "diagnose", "ingest", "yamltext", "logformat"},
+    "config": {"core", "datagram", "diagnose", "ingest", "yamltext", "logformat"},
     "webconfig": {"config"},
 }
 APP = {"serve", "cli", "sources", "__main__"}

@@ -157,11 +157,11 @@ def test_ranks_carry_their_gpus_labels_joined_by_uuid() -> None:
     fams = served(snapshot((rank(), rank(rank=1, local_rank=1, uuid="GPU-mystery"),
                             rank(rank=2, local_rank=2, uuid=None))))
     by_rank = {lbl["rank"]: lbl for lbl, _ in fams["stepscope_steps_total"]}
-    assert by_rank["0"] == {"job": "llm", "rank": "0", "local_rank": "0", "gpu": "0",
+    assert by_rank["0"] == {"training_job": "llm", "rank": "0", "local_rank": "0", "gpu": "0",
                             "UUID": "GPU-h100", "modelName": "NVIDIA H100 80GB HBM3",
                             "Hostname": "node-1"}
     assert by_rank["1"]["gpu"] == "1" and by_rank["1"]["modelName"] == "NVIDIA Mystery 9000"
-    assert by_rank["2"]["gpu"] == "" and by_rank["2"]["UUID"] == ""
+    assert "gpu" not in by_rank["2"] and "UUID" not in by_rank["2"]  # absent, never empty
     assert by_rank["2"]["Hostname"] == "node-1"
     # MFU only where the GPU model is known; the info series says why not
     assert [lbl["rank"] for lbl, _ in fams["stepscope_mfu_ratio"]] == ["0"]

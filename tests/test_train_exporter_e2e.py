@@ -47,7 +47,7 @@ def run_job(ingest: str, uuids: dict[str, str], job: str, delay: float,
 def per_rank(fams: dict[str, list[tuple[dict[str, str], float]]], name: str, job: str,
              **match: str) -> dict[str, float]:
     return {lbl["rank"]: v for lbl, v in fams.get(name, [])
-            if lbl.get("job") == job and all(lbl.get(k) == w for k, w in match.items())}
+            if lbl.get("training_job") == job and all(lbl.get(k) == w for k, w in match.items())}
 
 
 def test_two_ddp_ranks_report_steps_phases_tokens_flops_and_mfu(tmp_path: Path) -> None:
@@ -84,7 +84,7 @@ def test_two_ddp_ranks_report_steps_phases_tokens_flops_and_mfu(tmp_path: Path) 
             mfu = per_rank(f, "stepscope_mfu_ratio", "e2e")[rank]
             assert mfu == pytest.approx(flops[rank] / total[rank] / PEAK, rel=0.15)
         info = {lbl["rank"]: lbl for lbl, _ in f["stepscope_training_rank_info"]
-                if lbl["job"] == "e2e"}
+                if lbl["training_job"] == "e2e"}
         assert info["0"]["mfu_status"] == "ok" and info["0"]["gpu"] == "0"
         assert info["1"]["UUID"] == uuids["1"] and info["1"]["modelName"] == MODEL
         assert info["1"]["world_size"] == "2"

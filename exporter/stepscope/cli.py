@@ -77,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     opt("simulate", "N", "serve N simulated GPUs instead of real ones (anywhere, no driver)")
     opt("scenario", "FILE", "YAML scenario scripting the simulated GPUs over time")
-    opt("hostname", "NAME", "Hostname label (default $NODE_NAME, else this host's name)")
+    opt("hostname", "NAME", "the host label's value (default $NODE_NAME, else this host's name)")
+    opt("host-label", "NAME", "the host label's name on every series: Hostname (dcgm-exporter "
+        "before its 2026 rename) or hostname (after it)")
     opt("ingest", "URL", "training ingest socket")
     opt("rank-expiry", "SECONDS", "forget a training rank silent this long")
     opt("mfu-window", "SECONDS", "window over which MFU is computed")

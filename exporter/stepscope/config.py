@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from stepscope.core.labels import HOST_LABEL, HOST_LABELS
 from stepscope.datagram import DEFAULT_INGEST, MAX_LABEL_LENGTH, Limits
 from stepscope.datagram import PRECISIONS as _PRECISIONS
 from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
@@ -53,6 +54,7 @@ class Config:
     simulate: int | None = None
     scenario: Path | None = None
     hostname: str = ""
+    host_label: str = HOST_LABEL
     ingest: str = DEFAULT_INGEST
     web_config: Path | None = None
     hpc_job_dir: Path | None = None
@@ -203,6 +205,15 @@ def _parse_peak_flops(value: Any) -> Mapping[str, Mapping[str, float]]:
     return MappingProxyType(table)
 
 
+def _parse_host_label(value: Any) -> str:
+    text = str(value).strip()
+    if text not in HOST_LABELS:
+        raise ValueError(
+            "expected Hostname (dcgm-exporter before its rename) or hostname (after it)"
+        )
+    return text
+
+
 def _parse_log_level(value: Any) -> str:
     text = str(value).strip().lower()
     if text not in ("debug", "info", "warning", "error"):
@@ -224,6 +235,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "simulate": _parse_simulate,
     "scenario": _parse_path,
     "hostname": _parse_hostname,
+    "host_label": _parse_host_label,
     "ingest": _parse_ingest,
     "web_config": _parse_path,
     "hpc_job_dir": _parse_path,

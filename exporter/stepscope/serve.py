@@ -60,7 +60,7 @@ PAGES = {
 
 
 def settings_of(cfg: Config) -> SamplerSettings:
-    return SamplerSettings(cfg.hostname, cfg.interval, cfg.slow_interval)
+    return SamplerSettings(cfg.hostname, cfg.interval, cfg.slow_interval, cfg.host_label)
 
 
 def training_settings_of(cfg: Config) -> TrainingSettings:

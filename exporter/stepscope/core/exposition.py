@@ -47,8 +47,12 @@ def _escape_help(text: str) -> str:
 
 
 def label_string(labels: Iterable[tuple[str, str]]) -> str:
-    """``{a="1",b="2"}`` for the given pairs, ``""`` for none."""
-    inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels)
+    """``{a="1",b="2"}`` for the given pairs, ``""`` for none.
+
+    A pair with an empty value is left out: Prometheus stores an empty label as absent,
+    and a series that claims ``gpu=""`` only confuses a reader (and ``honor_labels``).
+    """
+    inner = ",".join(f'{k}="{escape_label_value(v)}"' for k, v in labels if v)
     return f"{{{inner}}}" if inner else ""
 
 

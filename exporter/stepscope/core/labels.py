@@ -3,13 +3,19 @@
 Three kinds of series carry labels of their subject:
 
 - **GPU** series: dcgm-exporter's set ``gpu``, ``UUID``, ``pci_bus_id``, ``device``,
-  ``modelName``, ``Hostname``, plus whatever the enrichment stage attributes to the GPU
-  (``hpc_job`` today; Kubernetes pods and training jobs next);
-- **rank** series (a training rank, and the verdict about it): ``job``, ``rank``,
-  ``local_rank`` and the ``gpu``, ``UUID``, ``modelName``, ``Hostname`` of the rank's
-  GPU (empty where the rank has no GPU of this node). A verdict about a GPU that no
-  rank reported uses the same set with the rank labels empty;
-- **node** series: ``Hostname`` alone.
+  ``modelName``, and the host label, plus whatever the enrichment stage attributes to
+  the GPU (``training_job`` of the ranks using it, ``hpc_job``, Kubernetes ``pod``...);
+- **rank** series (a training rank, and the verdict about it): ``training_job``,
+  ``rank``, ``local_rank`` and the ``gpu``, ``UUID``, ``modelName`` and host label of
+  the rank's GPU (absent where the rank has no GPU of this node). A verdict about a GPU
+  that no rank reported uses the same set without the rank labels;
+- **node** series: the host label alone.
+
+The host label is ``Hostname`` (dcgm-exporter before its rename, the default) or
+``hostname`` (dcgm-exporter after it), one name per installation. The training job is
+``training_job``, never ``job``: ``job`` and ``instance`` belong to Prometheus. No label
+is ever served with an empty value (:func:`~stepscope.core.exposition.label_string`
+leaves such pairs out): Prometheus stores an empty label as absent anyway.
 
 The sampler builds one :class:`LabelSchema` per pass from the identities the sources
 read and the enrichment they attribute; renderers ask it for rendered label strings and
@@ -24,8 +30,13 @@ from dataclasses import dataclass
 
 from stepscope.core.exposition import join_labels, label_string
 
-# The host label's name: dcgm-exporter's (its older generation; see docs/metrics.md).
-HOST_LABEL = "Hostname"
+# The host label's name: dcgm-exporter's older spelling (default) or its newer one.
+HOST_LABELS = ("Hostname", "hostname")
+HOST_LABEL = HOST_LABELS[0]
+# The training job's label (``job`` is Prometheus' own).
+TRAINING_JOB_LABEL = "training_job"
+# Labels of a GPU's own identity: enrichment never adds one of these a second time.
+GPU_IDENTITY_LABELS = frozenset({"gpu", "UUID", "pci_bus_id", "device", "modelName", *HOST_LABELS})
 
 # Extra (name, value) label pairs the enrichment stage attributes to a GPU.
 Pairs = tuple[tuple[str, str], ...]
@@ -64,7 +75,9 @@ class RankIdentity:
 class LabelSchema:
     """The label sets of one pass: GPUs by UUID, ranks, the node. Immutable once built."""
 
-    __slots__ = ("_gpu", "_gpus", "_node", "_rank_cache", "_ranks", "hostname", "ranks")
+    __slots__ = (
+        "_gpu", "_gpus", "_node", "_rank_cache", "_ranks", "host_label", "hostname", "ranks"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -73,13 +86,15 @@ class LabelSchema:
         gpu_labels: Mapping[str, str],
         ranks: Sequence[RankIdentity],
         rank_cache: dict[tuple[object, ...], str],
+        host_label: str = HOST_LABEL,
     ) -> None:
         self.hostname = hostname
+        self.host_label = host_label
         self._gpus = {g.uuid: g for g in gpus}
         self._gpu = gpu_labels
         self.ranks: tuple[RankIdentity, ...] = tuple(ranks)
         self._rank_cache = rank_cache
-        self._node = label_string(((HOST_LABEL, hostname),))
+        self._node = label_string(((host_label, hostname),))
 
     @property
     def gpus(self) -> tuple[GpuIdentity, ...]:
@@ -95,7 +110,7 @@ class LabelSchema:
         return self._gpu[uuid]
 
     def node(self) -> str:
-        """``{Hostname="..."}``."""
+        """``{Hostname="..."}`` (or ``hostname``, as configured)."""
         return self._node
 
     def rank(self, rank: RankIdentity) -> str:
@@ -107,20 +122,20 @@ class LabelSchema:
     ) -> str:
         """The rank label set for any subject: a rank, or a GPU without one (rank None)."""
         gpu = self.gpu_identity(uuid)
-        key = (job, rank, local_rank, gpu, self.hostname)
+        key = (job, rank, local_rank, gpu, self.hostname, self.host_label)
         cached = self._rank_cache.get(key)
         if cached is None:
             if len(self._rank_cache) > _MAX_CACHED:
                 self._rank_cache.clear()
             cached = self._rank_cache[key] = label_string(
                 (
-                    ("job", job),
+                    (TRAINING_JOB_LABEL, job),
                     ("rank", "" if rank is None else str(rank)),
                     ("local_rank", "" if local_rank is None else str(local_rank)),
                     ("gpu", str(gpu.index) if gpu else ""),
                     ("UUID", gpu.uuid if gpu else ""),
                     ("modelName", gpu.model_name if gpu else ""),
-                    (HOST_LABEL, self.hostname),
+                    (self.host_label, self.hostname),
                 )
             )
         return cached
@@ -134,7 +149,10 @@ class LabelSchema:
 class LabelSchemaBuilder:
     """Builds each pass's :class:`LabelSchema`, reusing rendered strings across passes."""
 
-    def __init__(self) -> None:
+    def __init__(self, host_label: str = HOST_LABEL) -> None:
+        if host_label not in HOST_LABELS:
+            raise ValueError(f"host label must be one of {', '.join(HOST_LABELS)}")
+        self.host_label = host_label
         self._gpu_cache: dict[tuple[GpuIdentity, str, Pairs], str] = {}
         self._rank_cache: dict[tuple[object, ...], str] = {}
 
@@ -162,9 +180,11 @@ class LabelSchemaBuilder:
                         ("pci_bus_id", g.pci_bus_id),
                         ("device", g.device),
                         ("modelName", g.model_name),
-                        (HOST_LABEL, hostname),
+                        (self.host_label, hostname),
                         *extra,
                     )
                 )
             rendered[g.uuid] = labels
-        return LabelSchema(hostname, gpus, rendered, ranks, self._rank_cache)
+        return LabelSchema(
+            hostname, gpus, rendered, ranks, self._rank_cache, self.host_label
+        )

@@ -20,7 +20,13 @@ from typing import Any
 
 from stepscope.core.exposition import Family, render
 from stepscope.core.health import health_families, process_families
-from stepscope.core.labels import LabelSchema, LabelSchemaBuilder, Pairs
+from stepscope.core.labels import (
+    GPU_IDENTITY_LABELS,
+    HOST_LABEL,
+    LabelSchema,
+    LabelSchemaBuilder,
+    Pairs,
+)
 from stepscope.core.snapshot import Published, Snapshot
 from stepscope.core.source import (
     Analysis,
@@ -41,6 +47,7 @@ class SamplerSettings:
     hostname: str
     interval: float
     slow_interval: float
+    host_label: str = HOST_LABEL
 
 
 @dataclass(slots=True)
@@ -190,7 +197,7 @@ class Sampler:
         A label name already on the GPU (or given by an earlier source) is not repeated:
         a series never carries one name twice.
         """
-        taken = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"}
+        taken = GPU_IDENTITY_LABELS
         merged: dict[str, Pairs] = {}
         for entry in entries:
             try:
@@ -243,6 +250,8 @@ class Sampler:
                 ctx.ranks += tuple(source.ranks(entry.part))
             except Exception as exc:
                 self._fail(entry, source.name, exc, 0.0)
+        if self._labels.host_label != settings.host_label:
+            self._labels = LabelSchemaBuilder(settings.host_label)
         labels = self._labels.build(
             settings.hostname, ctx.gpus, ctx.ranks, self._enrich(live, ctx)
         )
