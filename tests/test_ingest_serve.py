@@ -262,7 +262,9 @@ def test_a_stale_socket_is_replaced_but_a_live_one_is_not_stolen(
     sender = Sender(url)
     sender.send(step("after-restart", 0, 0, time.time(), None))
     sender.close()
-    wait_for(lambda: value(scrape(third), "stepscope_steps_total", training_job="after-restart") == 1)
+    wait_for(
+        lambda: value(scrape(third), "stepscope_steps_total", training_job="after-restart") == 1
+    )
 
 
 def test_sighup_applies_new_training_limits(sock_dir: Path, exporters: list[Exporter]) -> None:
