@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -95,8 +96,10 @@ def _main(objs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def test_ci_values_exist() -> None:
     assert {p.name for p in CI_VALUES} >= {
+        "bottlerocket-values.yaml",
         "full-values.yaml",
         "minimal-values.yaml",
+        "restricted-values.yaml",
         "simulate-values.yaml",
     }
 
@@ -147,6 +150,9 @@ def test_values_schema_rejects_bad_values() -> None:
             {"ingest": {"hostPath": "run/stepscope"}},
             {"serviceMonitor": {"interval": "fast"}},
             {"logLevel": "loud"},
+            {"gpu": {"deviceListStrategy": "cdi"}},
+            {"gpu": {"waitForDriver": -1}},
+            {"networkPolicy": {"from": {}}},
         ):
             with pytest.raises(helm_python.HelmValuesError):
                 chart.validate_schema(bad)
@@ -176,7 +182,90 @@ def test_daemonset_runs_non_root_without_privilege_or_capabilities(
     env = {e["name"]: e for e in main["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
-    assert pod["runtimeClassName"] == "nvidia"
+
+
+# ---- what a stock EKS GPU node, Bottlerocket and admission do with the pod
+
+# What the API server of a new EKS cluster holds that a pod may name. The EKS AL2023
+# NVIDIA AMI makes "nvidia" containerd's default runtime handler but no AMI can create
+# API objects: there is no RuntimeClass unless someone (the GPU Operator) adds one.
+STOCK_EKS = {
+    "RuntimeClass": set(),
+    "PriorityClass": {"system-node-critical", "system-cluster-critical"},
+}
+
+
+def _admission_rejections(objs: list[dict[str, Any]], cluster: dict[str, set[str]]) -> list[str]:
+    """What the API server's admission (RuntimeClass, Priority) would refuse in the
+    rendered pod, for a cluster holding ``cluster`` plus the rendered objects."""
+    provided = {k: set(v) for k, v in cluster.items()}
+    for o in objs:
+        provided.setdefault(o["kind"], set()).add(o["metadata"]["name"])
+    pod = _pod(objs)
+    problems = []
+    rc = pod.get("runtimeClassName")
+    if rc and rc not in provided.get("RuntimeClass", set()):
+        problems.append(f'RuntimeClass "{rc}" not found')
+    pc = pod.get("priorityClassName")
+    if pc and pc not in provided.get("PriorityClass", set()):
+        problems.append(f'no PriorityClass with name {pc} was found')
+    return problems
+
+
+def test_default_pods_are_admitted_on_a_stock_eks_gpu_cluster(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    assert _admission_rejections(default_objects, STOCK_EKS) == []
+    assert "runtimeClassName" not in _pod(default_objects), "the node's default runtime"
+
+
+def test_naming_a_runtime_class_the_cluster_lacks_is_what_admission_rejects() -> None:
+    # the old default: rejected on EKS AL2023 NVIDIA nodes without the GPU Operator
+    objs = rendered_objects({"gpu": {"runtimeClassName": "nvidia"}})
+    assert _admission_rejections(objs, STOCK_EKS) == ['RuntimeClass "nvidia" not found']
+    gpu_operator = {**STOCK_EKS, "RuntimeClass": {"nvidia"}}
+    assert _admission_rejections(objs, gpu_operator) == []
+
+
+def _requested_devices(container: dict[str, Any], volumes: dict[str, Any]) -> list[str]:
+    """The device list the NVIDIA container toolkit reads from a container's mounts
+    when accept-nvidia-visible-devices-as-volume-mounts is true (Bottlerocket's default):
+    a mount whose host source is /dev/null and whose path is below
+    /var/run/nvidia-container-devices names one device (toolkit requestsFromMounts)."""
+    root = "/var/run/nvidia-container-devices"
+    devices = []
+    for m in container.get("volumeMounts", []):
+        source = volumes[m["name"]].get("hostPath", {}).get("path")
+        dest = os.path.normpath(m["mountPath"])
+        if source and os.path.normpath(source) == "/dev/null" and dest.startswith(root):
+            name = dest.removeprefix(root).strip("/")
+            if name:
+                devices.append(name)
+    return devices
+
+
+def test_bottlerocket_volume_mounts_request_every_gpu_as_the_toolkit_reads_it() -> None:
+    objs = rendered_objects(_ci(CHART / "ci" / "bottlerocket-values.yaml"))
+    pod, main = _pod(objs), _main(objs)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert _requested_devices(main, volumes) == ["all"]
+    (request,) = [v for v in pod["volumes"] if v["name"] == "nvidia-device-request"]
+    assert request["hostPath"] == {"path": "/dev/null", "type": "CharDevice"}
+    # still unprivileged, still no nvidia.com/gpu, the variable kept for other runtimes
+    assert main["securityContext"]["privileged"] is False
+    assert {e["name"]: e.get("value") for e in main["env"]}["NVIDIA_VISIBLE_DEVICES"] == "all"
+    # the default asks through the variable only, which Bottlerocket ignores
+    default_pod = _pod(rendered_objects())
+    default_volumes = {v["name"]: v for v in default_pod["volumes"]}
+    assert _requested_devices(default_pod["containers"][0], default_volumes) == []
+
+
+def test_wait_for_driver_reaches_the_exporter_only_when_set() -> None:
+    env = {e["name"]: e.get("value") for e in _main(rendered_objects())["env"]}
+    assert "STEPSCOPE_WAIT_FOR_DRIVER" not in env
+    objs = rendered_objects({"gpu": {"waitForDriver": 30}})
+    env = {e["name"]: e.get("value") for e in _main(objs)["env"]}
+    assert env["STEPSCOPE_WAIT_FOR_DRIVER"] == "30"
 
 
 def test_only_the_socket_directory_init_step_has_a_capability_and_it_is_chown(
@@ -319,13 +408,11 @@ def _source_groups() -> list[dict[str, Any]]:
 def test_prometheus_rule_is_built_from_deploy_prometheus_rules(
     default_objects: list[dict[str, Any]],
 ) -> None:
-    link = CHART / "rules"
-    assert link.is_symlink() and link.resolve() == RULES.resolve(), "one source: a link"
     if not list(RULES.glob("*.yml")):
         assert not by_kind(default_objects, "PrometheusRule")
         pytest.skip("deploy/prometheus/rules has no rule files yet")
     rule = one(default_objects, "PrometheusRule")
-    assert rule["spec"]["groups"] == _source_groups()
+    assert rule["spec"]["groups"] == _source_groups(), "stale copies: python helm/generate.py"
     for group in rule["spec"]["groups"]:
         assert group["name"] and group["rules"]
         for r in group["rules"]:
@@ -346,33 +433,29 @@ def test_prometheus_rule_passes_promtool(
 
 
 @pytest.fixture
-def chart_with_sources(tmp_path: Path) -> Iterator[Path]:
-    """A copy of the chart whose links point at sources made here: the mechanism, tested
-    whatever the repository's rules and dashboards hold today."""
-    root = tmp_path / "repo"
-    chart = root / "helm" / "stepscope"
-    shutil.copytree(CHART, chart, symlinks=True, ignore=shutil.ignore_patterns("rules"))
-    rules = root / "deploy" / "prometheus" / "rules"
-    rules.mkdir(parents=True)
-    (rules / "a.yml").write_text(
+def chart_with_files(tmp_path: Path) -> Iterator[Path]:
+    """A copy of the chart whose rules/ and dashboards/ hold files made here: the
+    templates, tested whatever the repository's rules and dashboards hold today."""
+    chart = tmp_path / "stepscope"
+    shutil.copytree(CHART, chart, ignore=shutil.ignore_patterns("rules", "dashboards"))
+    (chart / "rules").mkdir()
+    (chart / "rules" / "a.yml").write_text(
         "groups:\n- name: a\n  rules:\n  - record: x:up:sum\n    expr: sum(up)\n"
     )
-    (rules / "b.yml").write_text(
+    (chart / "rules" / "b.yml").write_text(
         "groups:\n- name: b\n  rules:\n  - alert: Down\n    expr: up == 0\n"
         "    annotations: {summary: '{{ $labels.instance }} is down'}\n"
     )
-    dashboards = root / "dashboards" / "json"
-    dashboards.mkdir(parents=True)
-    (dashboards / "stepscope-fleet.json").write_text(json.dumps({"title": "Fleet", "uid": "f"}))
-    (dashboards / "README.md").write_text("not a dashboard")
-    (chart / "rules").symlink_to("../../deploy/prometheus/rules")
-    if not (chart / "dashboards").is_symlink():
-        (chart / "dashboards").symlink_to("../../dashboards/json")
+    (chart / "dashboards").mkdir()
+    (chart / "dashboards" / "stepscope-fleet.json").write_text(
+        json.dumps({"title": "Fleet", "uid": "f"})
+    )
+    (chart / "dashboards" / "README.md").write_text("not a dashboard")
     yield chart
 
 
-def test_rules_and_dashboards_are_read_through_the_links(chart_with_sources: Path) -> None:
-    objs = rendered_objects(chart=chart_with_sources)
+def test_every_rule_file_and_dashboard_in_the_chart_is_rendered(chart_with_files: Path) -> None:
+    objs = rendered_objects(chart=chart_with_files)
     groups = one(objs, "PrometheusRule")["spec"]["groups"]
     assert [g["name"] for g in groups] == ["a", "b"]
     # Prometheus templates in annotations pass through Helm untouched
@@ -381,13 +464,6 @@ def test_rules_and_dashboards_are_read_through_the_links(chart_with_sources: Pat
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert cm["metadata"]["annotations"] == {"grafana_folder": "stepscope"}
     assert json.loads(cm["data"]["stepscope-fleet.json"]) == {"title": "Fleet", "uid": "f"}
-    # the change a user makes in the source shows up in the next render
-    (chart_with_sources.parent.parent / "dashboards" / "json" / "stepscope-fleet.json").write_text(
-        "{}"
-    )
-    objs = rendered_objects(chart=chart_with_sources)
-    (cm,) = [o for o in by_kind(objs, "ConfigMap") if o["metadata"]["name"].endswith("fleet")]
-    assert cm["data"]["stepscope-fleet.json"] == "{}"
 
 
 def test_dashboards_of_the_repository_become_configmaps(
@@ -396,8 +472,6 @@ def test_dashboards_of_the_repository_become_configmaps(
     sources = sorted(DASHBOARDS.glob("*.json")) if DASHBOARDS.is_dir() else []
     if not sources:
         pytest.skip("dashboards/ has no dashboards yet")
-    link = CHART / "dashboards"
-    assert link.is_symlink() and link.resolve() == DASHBOARDS.resolve(), "one source: a link"
     maps = {
         key: value
         for o in by_kind(default_objects, "ConfigMap")

@@ -87,10 +87,20 @@ def manifests() -> dict[str, str]:
     """File name -> content of the plain manifests."""
     values = yaml.safe_load((HERE / "values.yaml").read_text()) or {}
     docs = objects(render_chart(values))
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    # The Pod Security level the pod needs (the chart computes it), enforced on the
+    # namespace, so a cluster-wide default does not reject the pods at rollout.
+    level = daemonset["metadata"]["annotations"]["stepscope.io/pod-security-level"]
     namespace = {
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": NAMESPACE, "labels": {"app.kubernetes.io/part-of": "stepscope"}},
+        "metadata": {
+            "name": NAMESPACE,
+            "labels": {
+                "app.kubernetes.io/part-of": "stepscope",
+                "pod-security.kubernetes.io/enforce": level,
+            },
+        },
     }
     operator = [d for d in docs if d["kind"] in _OPERATOR_KINDS or d["kind"] == "ConfigMap"]
     core = [d for d in docs if d not in operator]

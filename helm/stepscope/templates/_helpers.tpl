@@ -103,3 +103,28 @@ metricRelabelings:
   {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+The Pod Security Standards level (kubernetes.io/docs/concepts/security/pod-security-standards)
+the rendered pod needs: "privileged" with a hostPath volume (ingest socket, volume-mounts
+device list), host network or a capability beyond baseline's; "restricted" when it runs
+as non-root with RuntimeDefault/Localhost seccomp, no escalation and every capability
+dropped; "baseline" otherwise. Shown on the DaemonSet and in the install notes.
+*/}}
+{{- define "stepscope.podSecurityLevel" -}}
+{{- $v := .Values }}
+{{- $hostPath := or $v.ingest.enabled (eq $v.gpu.deviceListStrategy "volume-mounts") }}
+{{- $sc := default dict $v.securityContext }}
+{{- $caps := default dict $sc.capabilities }}
+{{- $added := default list $caps.add }}
+{{- $beyondBaseline := without $added "AUDIT_WRITE" "CHOWN" "DAC_OVERRIDE" "FOWNER" "FSETID" "KILL" "MKNOD" "NET_BIND_SERVICE" "SETFCAP" "SETGID" "SETPCAP" "SETUID" "SYS_CHROOT" }}
+{{- $psc := default dict $v.podSecurityContext }}
+{{- $seccomp := default dict $psc.seccompProfile }}
+{{- if or $hostPath $v.hostNetwork $sc.privileged $beyondBaseline -}}
+privileged
+{{- else if and $psc.runAsNonRoot (ne (toString $psc.runAsUser) "0") (has (toString $seccomp.type) (list "RuntimeDefault" "Localhost")) (eq (toString $sc.allowPrivilegeEscalation) "false") (has "ALL" (default list $caps.drop)) (not (without $added "NET_BIND_SERVICE")) -}}
+restricted
+{{- else -}}
+baseline
+{{- end }}
+{{- end }}
