@@ -1,0 +1,148 @@
+"""What the framework integration tests share: run one workload on 2 gloo ranks under
+a given driver (tests/workers/integration_worker.py), and read back per rank what a
+real exporter serves for the job, to compare a framework's run with the plain loop's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO, Exporter, parse_samples, start_exporter, wait_for
+
+WORKER = REPO / "tests" / "workers" / "integration_worker.py"
+STEPS, WARMUP = 12, 3
+MEASURED = STEPS - WARMUP
+TOKENS = 16 * 8  # integration_worker: SEQ * BATCH
+FLOPS_PER_TOKEN = 6.0 * (64 * 64 + 64 * 64)  # integration_worker: 6 * N_PARAMS
+COLLATE_SLEEP = 0.03  # a loader slower than the tiny step: data wait dominates
+PHASES = ("data_wait", "compute", "comm", "other")
+# configured peak of the simulated GPUs at bf16 (the SDK default) and fp32 (what the
+# frameworks report for a float32 run), so MFU is served
+PEAK = 1e12
+MODEL = "NVIDIA H100 80GB HBM3"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def exporter(tmp: Path) -> tuple[Exporter, str, dict[str, str]]:
+    """A simulated 2-GPU exporter, its ingest URL and its GPUs' UUIDs by index."""
+    ingest = f"unix://{tmp}/ingest.sock"
+    peaks = json.dumps({MODEL: {"bf16": PEAK, "fp32": PEAK}})
+    exp = start_exporter(["--simulate", "2", "--ingest", ingest, "--mfu-window", "120"],
+                         env={"STEPSCOPE_PEAK_FLOPS": peaks})
+    fams = parse_samples(exp.metrics())
+    return exp, ingest, {lbl["gpu"]: lbl["UUID"] for lbl, _ in fams["stepscope_gpu_up"]}
+
+
+def run_ranks(mode: str, job: str, ingest: str, uuids: dict[str, str], tmp: Path,
+              ranks: int = 2, collate_sleep: float = COLLATE_SLEEP) -> list[dict[str, Any]]:
+    """Start ``ranks`` worker processes torchrun-style; their result lines."""
+    port = free_port()
+    result = tmp / f"{job}.jsonl"
+    procs = []
+    for rank in range(ranks):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks),
+               "OMP_NUM_THREADS": "1", "STEPSCOPE_INGEST": ingest,
+               "PYTHONPATH": str(REPO / "exporter"),
+               # transformers and Lightning: offline, quiet, no telemetry
+               "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+        procs.append(subprocess.Popen(
+            [sys.executable, str(WORKER), "--mode", mode, "--job", job, "--result", str(result),
+             "--steps", str(STEPS), "--collate-sleep", str(collate_sleep),
+             "--uuid", uuids[str(rank)]],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs = []
+    for p in procs:
+        out, _ = p.communicate(timeout=240)
+        outputs.append(out)
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out[-6000:]
+    lines = [json.loads(x) for x in result.read_text().splitlines()]
+    return sorted(lines, key=lambda r: r["rank"])
+
+
+@dataclass
+class Served:
+    """What /metrics serves for one rank of one job."""
+
+    steps: float
+    warmup: float
+    tokens: float
+    flops: float
+    count: float
+    seconds: float
+    phases: dict[str, float]
+    mfu: float | None
+
+
+def served(exp: Exporter, job: str, ranks: int = 2) -> dict[str, Served]:
+    """Per rank, once every rank's steps have all arrived."""
+
+    def one(fams: dict[str, list[tuple[dict[str, str], float]]], name: str, rank: str,
+            **match: str) -> float | None:
+        for lbl, v in fams.get(name, []):
+            # the training job's label: "training_job" (Prometheus owns "job")
+            if lbl.get("training_job", lbl.get("job")) == job and lbl.get("rank") == rank and all(
+                    lbl.get(k) == w for k, w in match.items()):
+                return v
+        return None
+
+    def arrived() -> dict[str, list[tuple[dict[str, str], float]]] | None:
+        fams = parse_samples(exp.metrics())
+        done = all(one(fams, "stepscope_steps_total", str(r)) == STEPS for r in range(ranks))
+        return fams if done else None
+
+    fams = wait_for(arrived, timeout=30)
+    out = {}
+    for r in map(str, range(ranks)):
+        phases = {p: one(fams, "stepscope_step_phase_seconds_total", r, phase=p) for p in PHASES}
+        assert all(v is not None for v in phases.values()), (job, r, phases)
+        out[r] = Served(
+            steps=one(fams, "stepscope_steps_total", r) or 0.0,
+            warmup=one(fams, "stepscope_warmup_steps_total", r) or 0.0,
+            tokens=one(fams, "stepscope_tokens_total", r) or 0.0,
+            flops=one(fams, "stepscope_model_flops_total", r) or 0.0,
+            count=one(fams, "stepscope_step_duration_seconds_count", r) or 0.0,
+            seconds=one(fams, "stepscope_step_duration_seconds_sum", r) or 0.0,
+            phases={p: float(v or 0.0) for p, v in phases.items()},
+            mfu=one(fams, "stepscope_mfu_ratio", r),
+        )
+    return out
+
+
+def assert_same_series(plain: dict[str, Served], framework: dict[str, Served],
+                       comm: bool = True) -> None:
+    """The framework's run serves what the plain loop's serves for the same workload:
+    the same steps, warm-up, tokens and FLOPs; every phase, summing to the step time;
+    the slow loader as data wait; gradient communication as comm."""
+    for rank in ("0", "1"):
+        for run in (plain[rank], framework[rank]):
+            assert (run.steps, run.warmup, run.count) == (STEPS, WARMUP, MEASURED)
+            assert run.tokens == MEASURED * TOKENS
+            assert run.flops == pytest.approx(MEASURED * TOKENS * FLOPS_PER_TOKEN)
+            assert sum(run.phases.values()) == pytest.approx(run.seconds, rel=1e-6)
+            assert run.phases["data_wait"] >= 0.8 * COLLATE_SLEEP * MEASURED
+            assert run.phases["data_wait"] > max(run.phases["compute"], run.phases["other"])
+            assert run.phases["compute"] > 0
+            if comm:
+                assert run.phases["comm"] > 0
+            assert run.mfu is not None
+            assert run.mfu == pytest.approx(run.flops / run.seconds / PEAK, rel=0.2)
+        # the same workload takes about the same time and data wait either way
+        p, f = plain[rank], framework[rank]
+        assert f.phases["data_wait"] == pytest.approx(p.phases["data_wait"], rel=0.35)

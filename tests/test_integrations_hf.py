@@ -1,0 +1,109 @@
+"""Hugging Face: the Trainer's ``StepscopeCallback`` and Accelerate's
+``AcceleratorReporter`` serve what the plain-loop SDK serves for the same workload
+(2 DDP ranks, gloo, a real exporter); FLOPs come from a transformers config when the
+script gives none; gradient accumulation makes one step of several micro-batches."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from integration_runs import assert_same_series, exporter, run_ranks, served
+from test_train_ddp import Collector
+
+
+def test_trainer_and_accelerate_serve_the_plain_loops_series(tmp_path: Path) -> None:
+    exp, ingest, uuids = exporter(tmp_path)
+    try:
+        plain = run_ranks("plain-ddp", "plain", ingest, uuids, tmp_path)
+        trainer = run_ranks("hf-trainer", "trainer", ingest, uuids, tmp_path)
+        accel = run_ranks("accelerate", "accelerate", ingest, uuids, tmp_path)
+        assert all(r["comm_watched"] for r in plain + trainer + accel)
+        reference = served(exp, "plain")
+        assert_same_series(reference, served(exp, "trainer"))
+        assert_same_series(reference, served(exp, "accelerate"))
+    finally:
+        assert exp.stop() == 0
+
+
+@pytest.fixture
+def collector() -> Iterator[tuple[Collector, str]]:
+    tmp = tempfile.mkdtemp(prefix="ss-hf-")
+    path = os.path.join(tmp, "ingest.sock")
+    col = Collector(path)
+    yield col, f"unix://{path}"
+    col.close()
+
+
+def test_a_trainer_with_gradient_accumulation_reports_optimizer_steps_with_config_flops(
+        collector: tuple[Collector, str], tmp_path: Path) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from stepscope.train import transformer_flops_per_token
+    from stepscope.train.hf import StepscopeCallback, transformer_shape
+
+    col, ingest = collector
+    seq, batch, accum, steps = 16, 2, 2, 4
+    config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=seq)
+    model = GPT2LMHeadModel(config)
+    n = model.num_parameters(exclude_embeddings=True)
+    assert transformer_shape(model) == (n, 2, 2, 16)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 100, (batch * accum * steps, seq), generator=gen)
+    data: list[dict[str, Any]] = [{"input_ids": r, "labels": r} for r in ids]
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=batch,
+                             gradient_accumulation_steps=accum, max_steps=steps, use_cpu=True,
+                             report_to="none", logging_strategy="no", save_strategy="no",
+                             disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    cb = StepscopeCallback.attach(trainer, "gpt2-tiny", ingest=ingest, warmup_steps=0)
+    trainer.train()
+    assert cb.errors == 0 and cb.reporter is not None and cb.reporter.dropped == 0
+    got = _wait(col, steps)
+    tokens = batch * accum * seq
+    assert [d["step"] for d in got] == list(range(steps))
+    assert all(d["tokens"] == tokens for d in got)
+    expected = tokens * transformer_flops_per_token(n, 2, 2, 16, seq)
+    assert all(d["flops"] == pytest.approx(expected) for d in got)
+    assert all(d["precision"] == "fp32" and d["world_size"] == 1 for d in got)
+
+
+def test_a_failing_token_count_is_counted_and_training_goes_on(
+        collector: tuple[Collector, str], tmp_path: Path) -> None:
+    from transformers import Trainer, TrainingArguments
+
+    from stepscope.train.hf import StepscopeCallback
+    from workers.integration_worker import TinyLM, make_collate, samples
+
+    col, ingest = collector
+
+    def broken(batch: Any) -> int:
+        raise RuntimeError("a tokens_fn that breaks")
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8,
+                             max_steps=3, use_cpu=True, report_to="none",
+                             logging_strategy="no", save_strategy="no", disable_tqdm=True)
+    trainer = Trainer(model=TinyLM(), args=args, train_dataset=samples(24, 1),
+                      data_collator=make_collate(0.0))
+    cb = StepscopeCallback.attach(trainer, "broken", ingest=ingest, tokens_fn=broken)
+    trainer.train()  # does not raise
+    assert trainer.state.global_step == 3
+    assert cb.errors == 3  # one per fetch of an optimizer step's batches
+    assert [d["step"] for d in _wait(col, 3)] == [0, 1, 2]
+
+
+def _wait(col: Collector, n: int) -> list[dict[str, Any]]:
+    from conftest import wait_for
+
+    wait_for(lambda: len(col.got) >= n, timeout=10)
+    return sorted(col.got, key=lambda d: d["step"])
