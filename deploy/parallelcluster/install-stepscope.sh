@@ -1,99 +1,195 @@
 #!/bin/bash
 # AWS ParallelCluster custom bootstrap action (OnNodeConfigured) for stepscope.
 #
-#   install-stepscope.sh S3_PREFIX [PIP_SPEC] [--hpc-job]
+#   install-stepscope.sh SOURCE [--role compute|head] [--python PATH] [--hpc-job]
 #
-# S3_PREFIX  where systemd/stepscope.service and deploy/parallelcluster/*.sh were uploaded
-#            (aws s3 cp systemd/stepscope.service deploy/parallelcluster/*.sh s3://b/stepscope/)
-# PIP_SPEC   what to pip install (default: stepscope; a wheel's s3:// path also works)
+# SOURCE     where a release was put (deploy/parallelcluster/build-wheelhouse.sh makes it):
+#            s3://BUCKET/PREFIX, or a directory on a shared filesystem (/fsx/stepscope).
+#            It holds stepscope.service, slurm-prolog.sh, slurm-epilog.sh and wheelhouse/
+#            (the stepscope wheel, its dependencies' wheels for the nodes' Python
+#            versions and CPU, and pip's wheel).
+# --role     compute (default): the exporter as a hardened systemd unit.
+#            head: the Slurm prolog/epilog when --hpc-job is given, nothing else.
+#            (Given explicitly: ParallelCluster does not support reading the node type
+#            from /etc/parallelcluster/cfnconfig.)
+# --python   an interpreter >= 3.10 to build the venv with, where the image's is older.
 # --hpc-job  label GPU series with the Slurm job that owns the GPU (hpc_job; see
-#            docs/deploy/parallelcluster.md for its cardinality cost)
+#            docs/deploy/parallelcluster.md for its cardinality cost).
 #
-# Compute nodes get the exporter as a hardened systemd unit; the head node gets the Slurm
-# prolog/epilog (ParallelCluster >= 3.6 runs every script in prolog.d/ and epilog.d/).
-set -euo pipefail
+# No package index is contacted: pip installs from the wheelhouse only (--no-index), so
+# nodes in subnets without internet access install the same as others. The node's
+# bootstrap never fails because of stepscope: every problem is logged loudly (stderr,
+# which ParallelCluster keeps with the node's bootstrap output; /var/log/stepscope-install.log;
+# syslog) and the script exits 0, leaving a node without the exporter, not no node.
+#
+# STEPSCOPE_ROOT (empty on a node) installs below another root; the tests use it.
+set -uo pipefail
 
-prefix="${1:?usage: install-stepscope.sh S3_PREFIX [PIP_SPEC] [--hpc-job]}"
-spec="${2:-stepscope}"
-hpc_job="${3:-}"
-prefix="${prefix%/}"
-jobs_dir=/run/stepscope-jobs
+ROOT="${STEPSCOPE_ROOT:-}"
+LOG="$ROOT/var/log/stepscope-install.log"
+VENV=/opt/stepscope
+JOBS_DIR=/run/stepscope-jobs
 
-node_type=ComputeFleet
-if [ -r /etc/parallelcluster/cfnconfig ]; then
-    # shellcheck disable=SC1091
-    . /etc/parallelcluster/cfnconfig
-    node_type="${cfn_node_type:-ComputeFleet}"
-fi
+log() {
+    local line
+    line="$(date -u +%Y-%m-%dT%H:%M:%SZ) stepscope-install: $*"
+    echo "$line" >&2
+    echo "$line" >>"$LOG" 2>/dev/null
+    if command -v logger >/dev/null 2>&1; then logger -t stepscope-install -- "$*" 2>/dev/null; fi
+    return 0
+}
 
-fetch() { # fetch SRC DEST: from S3 (aws CLI, on every ParallelCluster AMI) or a local path
+# Every failure ends here: loud, and exit 0 so the node still joins the cluster.
+give_up() {
+    log "ERROR: $*"
+    log "ERROR: stepscope is NOT installed on this node; the node's bootstrap continues"
+    exit 0
+}
+
+usage() {
+    give_up "usage: install-stepscope.sh SOURCE [--role compute|head] [--python PATH] [--hpc-job]"
+}
+
+mkdir -p "$ROOT/var/log" 2>/dev/null
+
+source_dir="${1:-}"
+case "$source_dir" in "" | -*) usage ;; esac
+shift
+source_dir="${source_dir%/}"
+role=compute
+python=""
+hpc_job=no
+while [ $# -gt 0 ]; do
     case "$1" in
-        s3://*) aws s3 cp --only-show-errors "$1" "$2" ;;
-        *) cp "$1" "$2" ;;
+        --role) role="${2:-}"; shift 2 || usage ;;
+        --python) python="${2:-}"; shift 2 || usage ;;
+        --hpc-job) hpc_job=yes; shift ;;
+        *) log "ERROR: unknown argument '$1'"; usage ;;
+    esac
+done
+case "$role" in compute | head) ;; *) give_up "--role must be compute or head, got '$role'" ;; esac
+
+staging="$(mktemp -d 2>/dev/null)" || give_up "cannot create a temporary directory"
+trap 'rm -rf "$staging"' EXIT
+
+# fetch NAME DEST: one file or directory (trailing /) of SOURCE into DEST
+fetch() {
+    case "$source_dir" in
+        s3://*)
+            command -v aws >/dev/null 2>&1 || { log "ERROR: no aws CLI to read $source_dir"; return 1; }
+            case "$1" in
+                */) aws s3 cp --only-show-errors --recursive "$source_dir/$1" "$2" >>"$LOG" 2>&1 ;;
+                *) aws s3 cp --only-show-errors "$source_dir/$1" "$2" >>"$LOG" 2>&1 ;;
+            esac
+            ;;
+        *)
+            case "$1" in
+                */) mkdir -p "$2" && cp -R "$source_dir/$1." "$2" ;;
+                *) cp "$source_dir/$1" "$2" ;;
+            esac
+            ;;
     esac
 }
 
-install_slurm_scripts() {
-    local scripts=/opt/slurm/etc/scripts
-    install -d -m 0755 "$scripts/prolog.d" "$scripts/epilog.d"
-    fetch "$prefix/slurm-prolog.sh" "$scripts/prolog.d/90_stepscope.sh"
-    fetch "$prefix/slurm-epilog.sh" "$scripts/epilog.d/90_stepscope.sh"
-    chmod 0755 "$scripts/prolog.d/90_stepscope.sh" "$scripts/epilog.d/90_stepscope.sh"
+python_ok() { # PATH: an interpreter this package supports
+    "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' >/dev/null 2>&1
 }
 
-pick_python() { # the first Python >= 3.10 here; on Amazon Linux 2023 install 3.11
-    local py
-    for py in python3.12 python3.11 python3.10 python3; do
-        if command -v "$py" >/dev/null &&
-            "$py" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
-            echo "$py"
-            return
-        fi
-    done
-    if command -v dnf >/dev/null; then
-        dnf install -q -y python3.11 >&2 && echo python3.11 && return
+pick_python() {
+    local py path
+    if [ -n "$python" ]; then
+        if python_ok "$python"; then echo "$python"; return 0; fi
+        log "ERROR: --python $python is not a Python >= 3.10"
+        return 1
     fi
-    echo "stepscope: no Python >= 3.10 on this node" >&2
+    # Ubuntu 22.04: python3 is 3.10; 24.04: 3.12. Amazon Linux 2023, RHEL and Rocky 8/9:
+    # python3 is older, python3.11 is an OS package (below).
+    for py in python3.13 python3.12 python3.11 python3.10 python3; do
+        path="$(command -v "$py" 2>/dev/null)" || continue
+        if python_ok "$path"; then echo "$path"; return 0; fi
+    done
+    if command -v dnf >/dev/null 2>&1; then
+        log "no Python >= 3.10 here: installing python3.11 with dnf (needs the OS repositories)"
+        if dnf install -y -q python3.11 >>"$LOG" 2>&1; then
+            path="$(command -v python3.11 2>/dev/null)" && python_ok "$path" && { echo "$path"; return 0; }
+        fi
+        log "ERROR: dnf could not install python3.11"
+    fi
+    log "ERROR: no Python >= 3.10 on this node (Amazon Linux 2 and Ubuntu 20.04 have none):"
+    log "ERROR: put one on the image or a shared filesystem and pass --python PATH"
     return 1
 }
 
+install_slurm_scripts() {
+    local scripts="$ROOT/opt/slurm/etc/scripts"
+    mkdir -p "$scripts/prolog.d" "$scripts/epilog.d" || return 1
+    fetch slurm-prolog.sh "$scripts/prolog.d/90_stepscope.sh" || return 1
+    fetch slurm-epilog.sh "$scripts/epilog.d/90_stepscope.sh" || return 1
+    chmod 0755 "$scripts/prolog.d/90_stepscope.sh" "$scripts/epilog.d/90_stepscope.sh"
+}
+
 install_exporter() {
-    local py
-    py="$(pick_python)"
-    id stepscope >/dev/null 2>&1 ||
-        useradd --system --no-create-home --home-dir /nonexistent \
-            --shell /sbin/nologin stepscope
-    "$py" -m venv /opt/stepscope
-    case "$spec" in
-        s3://*)
-            fetch "$spec" "/tmp/$(basename "$spec")"
-            spec="/tmp/$(basename "$spec")"
-            ;;
+    local py wheelhouse pip_wheel nologin
+    py="$(pick_python)" || give_up "no suitable Python"
+    log "using $py ($("$py" -c 'import platform; print(platform.python_version())' 2>&1))"
+
+    case "$source_dir" in
+        s3://*) wheelhouse="$staging/wheelhouse"; fetch wheelhouse/ "$wheelhouse" ;;
+        *) wheelhouse="$source_dir/wheelhouse" ;;
     esac
-    /opt/stepscope/bin/pip install -q --disable-pip-version-check "$spec"
-    fetch "$prefix/stepscope.service" /etc/systemd/system/stepscope.service
-    chmod 0644 /etc/systemd/system/stepscope.service
-    if [ ! -e /etc/default/stepscope ]; then
+    [ -d "$wheelhouse" ] || give_up "no wheelhouse/ in $source_dir"
+    pip_wheel="$(find "$wheelhouse" -maxdepth 1 -name 'pip-*.whl' | sort -V | tail -n 1)"
+    [ -n "$pip_wheel" ] || give_up "no pip wheel in $source_dir/wheelhouse (build-wheelhouse.sh adds one)"
+    fetch stepscope.service "$staging/stepscope.service" ||
+        give_up "cannot read $source_dir/stepscope.service"
+
+    # No pip inside the venv and no ensurepip needed (Ubuntu's python3-venv package is
+    # not installed on every image): pip runs from its wheel, installs only from the
+    # wheelhouse, and leaves nothing of itself behind.
+    rm -rf "$ROOT$VENV"
+    mkdir -p "$(dirname "$ROOT$VENV")"
+    "$py" -m venv --without-pip "$ROOT$VENV" >>"$LOG" 2>&1 ||
+        give_up "$py -m venv failed (see $LOG)"
+    PIP_CONFIG_FILE=/dev/null "$ROOT$VENV/bin/python" "$pip_wheel/pip" install \
+        --no-index --find-links "$wheelhouse" --no-cache-dir --disable-pip-version-check \
+        --quiet stepscope >>"$LOG" 2>&1 ||
+        give_up "pip could not install stepscope from $source_dir/wheelhouse for Python $("$py" -V 2>&1) (see $LOG: a wheel for this Python or CPU is missing?)"
+    "$ROOT$VENV/bin/stepscope" --version >>"$LOG" 2>&1 ||
+        give_up "the installed stepscope does not run (see $LOG)"
+
+    if ! id stepscope >/dev/null 2>&1; then
+        nologin="$(command -v nologin 2>/dev/null || echo /sbin/nologin)"
+        useradd --system --no-create-home --home-dir /nonexistent --shell "$nologin" stepscope ||
+            give_up "cannot create the system user stepscope"
+    fi
+    mkdir -p "$ROOT/etc/systemd/system" "$ROOT/etc/default" || give_up "cannot write $ROOT/etc"
+    install -m 0644 "$staging/stepscope.service" "$ROOT/etc/systemd/system/stepscope.service" ||
+        give_up "cannot install the unit"
+    if [ ! -e "$ROOT/etc/default/stepscope" ]; then
         {
             echo "# stepscope settings: STEPSCOPE_<NAME>=value (see the README)"
             echo "STEPSCOPE_INTERVAL=1"
-            if [ "$hpc_job" = "--hpc-job" ]; then
-                echo "STEPSCOPE_HPC_JOB_DIR=$jobs_dir"
-            fi
-        } >/etc/default/stepscope
+            if [ "$hpc_job" = yes ]; then echo "STEPSCOPE_HPC_JOB_DIR=$JOBS_DIR"; fi
+        } >"$ROOT/etc/default/stepscope" || give_up "cannot write /etc/default/stepscope"
     fi
-    systemctl daemon-reload
-    systemctl enable --now stepscope.service
+    systemctl daemon-reload >>"$LOG" 2>&1 || give_up "systemctl daemon-reload failed"
+    systemctl enable --now stepscope.service >>"$LOG" 2>&1 ||
+        give_up "systemctl enable --now stepscope failed (journalctl -u stepscope)"
+    log "installed $("$ROOT$VENV/bin/stepscope" --version 2>&1) and started stepscope.service"
 }
 
-case "$node_type" in
-    HeadNode)
-        if [ "$hpc_job" = "--hpc-job" ]; then install_slurm_scripts; fi
+log "role $role, source $source_dir"
+case "$role" in
+    head)
+        if [ "$hpc_job" = yes ]; then
+            install_slurm_scripts || give_up "cannot install the Slurm prolog/epilog from $source_dir"
+            log "installed the Slurm prolog/epilog (hpc_job)"
+        else
+            log "head node without --hpc-job: nothing to install"
+        fi
         ;;
-    ComputeFleet)
+    compute)
         install_exporter
         ;;
-    *)
-        echo "stepscope: nothing to do on a $node_type node"
-        ;;
 esac
+exit 0

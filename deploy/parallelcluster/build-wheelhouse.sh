@@ -1,0 +1,38 @@
+#!/bin/bash
+# Build what install-stepscope.sh installs from, on a machine with access to PyPI:
+#
+#   deploy/parallelcluster/build-wheelhouse.sh OUT [PYTHON_VERSION...]
+#   aws s3 sync OUT s3://BUCKET/stepscope/        # or copy OUT to a shared filesystem
+#
+# OUT gets stepscope.service, the Slurm prolog/epilog, install-stepscope.sh and
+# wheelhouse/: the stepscope wheel built from this checkout, binary wheels of every
+# dependency for each PYTHON_VERSION (default: 3.10 3.11 3.12, the Pythons of Ubuntu
+# 22.04, the python3.11 package of Amazon Linux 2023 / RHEL / Rocky, Ubuntu 24.04) on
+# x86_64 and aarch64 (glibc >= 2.28: every supported image), and pip's wheel, which the
+# nodes run pip from. Run with a Python >= 3.10 that has pip.
+set -euo pipefail
+
+out="${1:?usage: build-wheelhouse.sh OUT [PYTHON_VERSION...]}"
+shift
+versions=("$@")
+if [ ${#versions[@]} -eq 0 ]; then versions=(3.10 3.11 3.12); fi
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+py="${PYTHON:-python3}"
+wheelhouse="$out/wheelhouse"
+mkdir -p "$wheelhouse"
+
+"$py" -m pip wheel --no-deps --wheel-dir "$wheelhouse" "$repo"
+stepscope_wheel="$(find "$wheelhouse" -maxdepth 1 -name 'stepscope-*.whl' | sort -V | tail -n 1)"
+for version in "${versions[@]}"; do
+    for platform in manylinux_2_28_x86_64 manylinux_2_28_aarch64; do
+        "$py" -m pip download --only-binary=:all: --python-version "$version" \
+            --platform "$platform" --dest "$wheelhouse" "$stepscope_wheel"
+    done
+done
+"$py" -m pip download --only-binary=:all: --no-deps --dest "$wheelhouse" pip
+
+cp "$repo/systemd/stepscope.service" "$here/install-stepscope.sh" \
+    "$here/slurm-prolog.sh" "$here/slurm-epilog.sh" "$out/"
+echo "$out: $(find "$wheelhouse" -name '*.whl' | wc -l) wheels"

@@ -1,0 +1,359 @@
+"""The ParallelCluster bootstrap (install-stepscope.sh) run for real against a fake root:
+a wheelhouse it installs from without any package index, in a network namespace with no
+network where the kernel allows one; the images' Pythons (too old, found under another
+name, installed by dnf); and every failure logged loudly with exit 0, because a custom
+bootstrap action that exits non-zero fails the node (ParallelCluster docs)."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+PCLUSTER = REPO / "deploy" / "parallelcluster"
+SCRIPT = PCLUSTER / "install-stepscope.sh"
+UNIT = REPO / "systemd" / "stepscope.service"
+# what the script runs besides bash builtins; nothing else is on its PATH here
+TOOLS = ("date", "mkdir", "mktemp", "rm", "cp", "find", "sort", "tail", "dirname", "id",
+         "install", "chmod", "env", "cat")
+REAL_PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+
+
+def _wheel(dest: Path, name: str, version: str, files: dict[str, str],
+           requires: tuple[str, ...] = (), scripts: dict[str, str] | None = None) -> Path:
+    """A pure-Python wheel with a correct RECORD, made here (no build backend needed)."""
+    dist = f"{name}-{version}.dist-info"
+    meta = [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"]
+    meta += [f"Requires-Dist: {r}\n" for r in requires]
+    content = {
+        **files,
+        f"{dist}/METADATA": "".join(meta),
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    if scripts:
+        content[f"{dist}/entry_points.txt"] = "[console_scripts]\n" + "".join(
+            f"{k} = {v}\n" for k, v in scripts.items()
+        )
+    record = io.StringIO()
+    writer = csv.writer(record, lineterminator="\n")
+    for path, text in content.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        writer.writerow([path, f"sha256={digest.decode()}", len(text.encode())])
+    writer.writerow([f"{dist}/RECORD", "", ""])
+    out = dest / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(out, "w") as zf:
+        for path, text in content.items():
+            zf.writestr(path, text)
+        zf.writestr(f"{dist}/RECORD", record.getvalue())
+    return out
+
+
+def _pip_wheel() -> Path:
+    """pip's own wheel as Python ships it (ensurepip's bundle, or Debian's copy)."""
+    import ensurepip
+
+    candidates = sorted((Path(ensurepip.__file__).parent / "_bundled").glob("pip-*.whl"))
+    candidates += sorted(Path("/usr/share/python-wheels").glob("pip-*.whl"))
+    if not candidates:
+        pytest.skip("no pip wheel on this machine (ensurepip bundle or python3-pip-whl)")
+    return candidates[-1]
+
+
+def make_release(dest: Path, *, with_pip: bool = True, requires: tuple[str, ...] = ()) -> Path:
+    """What build-wheelhouse.sh puts in S3 or on a shared filesystem, with a stand-in
+    stepscope (a console script that prints its version) and a helper dependency."""
+    wheelhouse = dest / "wheelhouse"
+    wheelhouse.mkdir(parents=True)
+    _wheel(
+        wheelhouse, "stepscope", "9.9.9",
+        {"stepscope/__init__.py": "def main():\n    print('stepscope 9.9.9')\n"},
+        requires=("stepscope-helper", *requires), scripts={"stepscope": "stepscope:main"},
+    )
+    _wheel(wheelhouse, "stepscope_helper", "1.0", {"stepscope_helper.py": ""})
+    if with_pip:
+        shutil.copy2(_pip_wheel(), wheelhouse)
+    shutil.copy2(UNIT, dest / "stepscope.service")
+    for script in ("slurm-prolog.sh", "slurm-epilog.sh"):
+        shutil.copy2(PCLUSTER / script, dest / script)
+    return dest
+
+
+@dataclass
+class Node:
+    """A fake root and the commands of a node image, recording every call."""
+
+    root: Path
+    bin: Path
+
+    @property
+    def calls(self) -> list[str]:
+        log = self.root / "calls"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def command(self, name: str, body: str = "") -> None:
+        path = self.bin / name
+        path.write_text(
+            f'#!/bin/sh\necho "{name} $*" >> "{self.root}/calls"\n{body}\n'
+        )
+        path.chmod(0o755)
+
+    def python(self, name: str, version: tuple[int, int]) -> None:
+        """An interpreter called ``name`` on PATH: this machine's Python when the version
+        is supported, else a stand-in that answers the version check as that Python."""
+        if version >= (3, 10):
+            (self.bin / name).symlink_to(REAL_PYTHON)
+        else:
+            self.command(name, "exit 1")
+
+    def run(self, *args: str, network: bool = False) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": str(self.bin), "STEPSCOPE_ROOT": str(self.root), "HOME": str(self.root),
+               "TMPDIR": str(self.root / "tmp")}
+        cmd = [shutil.which("bash") or "/bin/bash", str(SCRIPT), *args]
+        unshare = shutil.which("unshare")
+        if not network and unshare and _can_unshare_network(unshare):
+            cmd = [unshare, "--net", *cmd]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+
+    @property
+    def log(self) -> str:
+        path = self.root / "var" / "log" / "stepscope-install.log"
+        return path.read_text() if path.exists() else ""
+
+
+def _can_unshare_network(unshare: str) -> bool:
+    return subprocess.run([unshare, "--net", "true"], capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Node:
+    root, bindir = tmp_path / "root", tmp_path / "bin"
+    (root / "tmp").mkdir(parents=True)
+    bindir.mkdir()
+    for tool in TOOLS:
+        found = shutil.which(tool)
+        assert found, tool
+        (bindir / tool).symlink_to(found)
+    n = Node(root, bindir)
+    n.command("systemctl")
+    n.command("useradd")
+    n.command("logger")
+    return n
+
+
+def _assert_gave_up(run: subprocess.CompletedProcess[str], node: Node, reason: str) -> None:
+    assert run.returncode == 0, "a failing bootstrap action fails the node"
+    assert reason in run.stderr, run.stderr
+    assert "stepscope is NOT installed on this node" in run.stderr
+    assert reason in node.log, "the reason is kept in /var/log/stepscope-install.log"
+    assert any(c.startswith("logger -t stepscope-install") for c in node.calls), "and syslog"
+    assert "systemctl enable --now stepscope.service" not in node.calls
+
+
+# ---- installing
+
+
+def test_installs_from_a_shared_filesystem_wheelhouse_without_network(
+    node: Node, tmp_path: Path
+) -> None:
+    release = make_release(tmp_path / "fsx" / "stepscope")
+    node.python("python3", (3, 11))
+    run = node.run(str(release))
+    assert run.returncode == 0 and "ERROR" not in run.stderr, run.stderr
+    venv = node.root / "opt" / "stepscope"
+    out = subprocess.run([str(venv / "bin" / "stepscope")], capture_output=True, text=True)
+    assert out.stdout.strip() == "stepscope 9.9.9"
+    # pip ran from its wheel and left nothing of itself in the venv
+    assert not list(venv.glob("bin/pip*"))
+    assert not list(venv.glob("lib/python*/site-packages/pip"))
+    unit = node.root / "etc" / "systemd" / "system" / "stepscope.service"
+    assert unit.read_text() == UNIT.read_text()
+    defaults = (node.root / "etc" / "default" / "stepscope").read_text()
+    assert "STEPSCOPE_INTERVAL=1" in defaults and "HPC_JOB" not in defaults
+    commands = [c for c in node.calls if not c.startswith("logger ")]
+    assert commands[-2:] == ["systemctl daemon-reload", "systemctl enable --now stepscope.service"]
+    assert any(c.startswith("useradd --system") and c.endswith(" stepscope") for c in node.calls)
+    assert "installed stepscope 9.9.9 and started stepscope.service" in node.log
+
+
+def test_installs_from_s3_through_the_aws_cli(node: Node, tmp_path: Path) -> None:
+    bucket = make_release(tmp_path / "bucket" / "stepscope")
+    # the AWS CLI of every ParallelCluster AMI, here copying from a local "bucket"
+    node.command(
+        "aws",
+        f'src=$(echo "$5" | sed "s#^s3://b/#{tmp_path}/bucket/#"); '
+        'if [ "$4" = --recursive ]; then mkdir -p "$6" && cp -R "$src/." "$6"; '
+        f'else src=$(echo "$4" | sed "s#^s3://b/#{tmp_path}/bucket/#"); cp "$src" "$5"; fi',
+    )
+    (node.bin / "sed").symlink_to(shutil.which("sed") or "/bin/sed")
+    node.python("python3.11", (3, 11))
+    run = node.run("s3://b/stepscope", "--hpc-job")
+    assert run.returncode == 0 and "ERROR" not in run.stderr, run.stderr + node.log
+    assert bucket.is_dir()
+    assert (
+        "aws s3 cp --only-show-errors --recursive s3://b/stepscope/wheelhouse/ "
+        in "\n".join(node.calls) + " "
+    )
+    assert "STEPSCOPE_HPC_JOB_DIR=/run/stepscope-jobs" in (
+        node.root / "etc" / "default" / "stepscope"
+    ).read_text()
+
+
+def test_an_existing_settings_file_is_kept(node: Node, tmp_path: Path) -> None:
+    release = make_release(tmp_path / "release")
+    node.python("python3", (3, 11))
+    settings = node.root / "etc" / "default" / "stepscope"
+    settings.parent.mkdir(parents=True)
+    settings.write_text("STEPSCOPE_INTERVAL=5\n")
+    assert node.run(str(release)).returncode == 0
+    assert settings.read_text() == "STEPSCOPE_INTERVAL=5\n"
+
+
+# ---- the images' Pythons
+
+
+@pytest.mark.parametrize(
+    ("image", "pythons"),
+    [
+        ("Ubuntu 22.04", {"python3": (3, 10)}),
+        ("Ubuntu 24.04", {"python3": (3, 12), "python3.12": (3, 12)}),
+        ("a node with several", {"python3": (3, 9), "python3.11": (3, 11)}),
+    ],
+)
+def test_the_first_python_3_10_or_newer_is_used(
+    node: Node, tmp_path: Path, image: str, pythons: dict[str, tuple[int, int]]
+) -> None:
+    release = make_release(tmp_path / "release")
+    for name, version in pythons.items():
+        node.python(name, version)
+    run = node.run(str(release))
+    assert run.returncode == 0 and "ERROR" not in run.stderr, (image, run.stderr)
+    assert (node.root / "opt" / "stepscope" / "bin" / "stepscope").exists()
+
+
+def test_amazon_linux_2023_gets_python3_11_from_dnf(node: Node, tmp_path: Path) -> None:
+    release = make_release(tmp_path / "release")
+    node.python("python3", (3, 9))  # AL2023's system Python
+    ln = shutil.which("ln") or "/bin/ln"
+    node.command("dnf", f'{ln} -s "{REAL_PYTHON}" "{node.bin}/python3.11"')
+    run = node.run(str(release))
+    assert run.returncode == 0 and "ERROR" not in run.stderr, run.stderr
+    assert "dnf install -y -q python3.11" in node.calls
+    assert "installing python3.11 with dnf" in node.log
+
+
+def test_an_image_without_python_3_10_logs_what_to_do_and_exits_0(
+    node: Node, tmp_path: Path
+) -> None:
+    release = make_release(tmp_path / "release")
+    node.python("python3", (3, 8))  # Ubuntu 20.04; no dnf there
+    run = node.run(str(release))
+    _assert_gave_up(run, node, "no Python >= 3.10 on this node")
+    assert "--python PATH" in run.stderr
+    assert not (node.root / "opt" / "stepscope").exists()
+
+
+def test_python_given_explicitly_is_checked_and_used(node: Node, tmp_path: Path) -> None:
+    release = make_release(tmp_path / "release")
+    node.python("python3", (3, 7))  # Amazon Linux 2
+    shared = tmp_path / "fsx" / "python" / "bin"
+    shared.mkdir(parents=True)
+    (shared / "python3").symlink_to(REAL_PYTHON)
+    run = node.run(str(release), "--python", str(shared / "python3"))
+    assert run.returncode == 0 and "ERROR" not in run.stderr, run.stderr
+    old = tmp_path / "old-python"
+    old.write_text("#!/bin/sh\nexit 1\n")
+    old.chmod(0o755)
+    (node.root / "calls").unlink()
+    _assert_gave_up(node.run(str(release), "--python", str(old)), node, "is not a Python >= 3.10")
+
+
+# ---- never fail the node
+
+
+def test_a_missing_wheelhouse_does_not_fail_the_node(node: Node, tmp_path: Path) -> None:
+    node.python("python3", (3, 11))
+    (tmp_path / "empty").mkdir()
+    _assert_gave_up(node.run(str(tmp_path / "empty")), node, "no wheelhouse/ in")
+
+
+def test_a_wheelhouse_without_pip_does_not_fail_the_node(node: Node, tmp_path: Path) -> None:
+    node.python("python3", (3, 11))
+    release = make_release(tmp_path / "release", with_pip=False)
+    _assert_gave_up(node.run(str(release)), node, "no pip wheel in")
+
+
+def test_a_dependency_missing_from_the_wheelhouse_is_not_fetched_from_an_index(
+    node: Node, tmp_path: Path
+) -> None:
+    # with network allowed: --no-index, not the sandbox, is what keeps pip offline
+    node.python("python3", (3, 11))
+    release = make_release(tmp_path / "release", requires=("not-in-the-wheelhouse",))
+    run = node.run(str(release), network=True)
+    _assert_gave_up(run, node, "pip could not install stepscope from")
+    assert "not-in-the-wheelhouse" in node.log
+    assert "pypi.org" not in node.log
+
+
+def test_a_failing_service_manager_does_not_fail_the_node(node: Node, tmp_path: Path) -> None:
+    node.python("python3", (3, 11))
+    node.command("systemctl", 'case "$1" in enable) exit 1;; esac')
+    release = make_release(tmp_path / "release")
+    run = node.run(str(release))
+    assert run.returncode == 0
+    assert "systemctl enable --now stepscope failed" in run.stderr
+    assert "stepscope is NOT installed on this node" in run.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["--role"], ["s3://b/p", "--role", "login"],
+                                  ["s3://b/p", "extra"], ["--hpc-job"]])
+def test_bad_arguments_are_logged_and_exit_0(node: Node, args: list[str]) -> None:
+    run = node.run(*args)
+    assert run.returncode == 0
+    assert "stepscope is NOT installed on this node" in run.stderr
+
+
+# ---- head node
+
+
+def test_head_node_gets_the_slurm_scripts_only_with_hpc_job(node: Node, tmp_path: Path) -> None:
+    release = make_release(tmp_path / "release")
+    run = node.run(str(release), "--role", "head")
+    assert run.returncode == 0 and "nothing to install" in run.stderr
+    assert not (node.root / "opt").exists() and node.calls == [
+        c for c in node.calls if c.startswith("logger")
+    ]
+    run = node.run(str(release), "--role", "head", "--hpc-job")
+    assert run.returncode == 0 and "ERROR" not in run.stderr, run.stderr
+    scripts = node.root / "opt" / "slurm" / "etc" / "scripts"
+    for kind in ("prolog", "epilog"):
+        installed = scripts / f"{kind}.d" / "90_stepscope.sh"
+        assert installed.read_text() == (PCLUSTER / f"slurm-{kind}.sh").read_text()
+        assert os.access(installed, os.X_OK)
+    assert not (node.root / "opt" / "stepscope").exists()
+
+
+# ---- the cluster configuration that calls it
+
+
+def test_cluster_config_example_passes_the_role_and_a_release_source() -> None:
+    cfg = yaml.safe_load((PCLUSTER / "cluster-config-example.yaml").read_text())
+    head = cfg["HeadNode"]["CustomActions"]["OnNodeConfigured"]
+    queue = cfg["Scheduling"]["SlurmQueues"][0]["CustomActions"]["OnNodeConfigured"]
+    for action, role in ((head, "head"), (queue, "compute")):
+        assert action["Script"].endswith("/install-stepscope.sh")
+        args = action["Args"]
+        assert args[0].startswith("s3://") and args[args.index("--role") + 1] == role
