@@ -6,41 +6,28 @@ real exporter serves for the job, to compare a framework's run with the plain lo
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import REPO, Exporter, parse_samples, start_exporter, wait_for
+from conftest import Exporter, parse_samples, start_exporter, wait_for
+from stepscope.datagram import PHASES
+from workers.integration_worker import FLOPS_PER_TOKEN, TOKENS, launch
 
-WORKER = REPO / "tests" / "workers" / "integration_worker.py"
 STEPS, WARMUP = 12, 3
 MEASURED = STEPS - WARMUP
-TOKENS = 16 * 8  # integration_worker: SEQ * BATCH
-FLOPS_PER_TOKEN = 6.0 * (64 * 64 + 64 * 64)  # integration_worker: 6 * N_PARAMS
 COLLATE_SLEEP = 0.03  # a loader slower than the tiny step: data wait dominates
-PHASES = ("data_wait", "compute", "comm", "other")
-# configured peak of the simulated GPUs at bf16 (the SDK default) and fp32 (what the
-# frameworks report for a float32 run), so MFU is served
+# configured fp32 peak of the simulated GPUs (every run reports fp32), so MFU is served
 PEAK = 1e12
 MODEL = "NVIDIA H100 80GB HBM3"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def exporter(tmp: Path) -> tuple[Exporter, str, dict[str, str]]:
     """A simulated 2-GPU exporter, its ingest URL and its GPUs' UUIDs by index."""
     ingest = f"unix://{tmp}/ingest.sock"
-    peaks = json.dumps({MODEL: {"bf16": PEAK, "fp32": PEAK}})
+    peaks = json.dumps({MODEL: {"fp32": PEAK}})
     exp = start_exporter(["--simulate", "2", "--ingest", ingest, "--mfu-window", "120"],
                          env={"STEPSCOPE_PEAK_FLOPS": peaks})
     fams = parse_samples(exp.metrics())
@@ -49,27 +36,11 @@ def exporter(tmp: Path) -> tuple[Exporter, str, dict[str, str]]:
 
 def run_ranks(mode: str, job: str, ingest: str, uuids: dict[str, str], tmp: Path,
               ranks: int = 2, collate_sleep: float = COLLATE_SLEEP) -> list[dict[str, Any]]:
-    """Start ``ranks`` worker processes torchrun-style; their result lines."""
-    port = free_port()
+    """Run ``mode`` on ``ranks`` worker processes; their result lines, by rank."""
     result = tmp / f"{job}.jsonl"
-    procs = []
-    for rank in range(ranks):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks),
-               "OMP_NUM_THREADS": "1", "STEPSCOPE_INGEST": ingest,
-               "PYTHONPATH": str(REPO / "exporter"),
-               # transformers and Lightning: offline, quiet, no telemetry
-               "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
-               "TOKENIZERS_PARALLELISM": "false"}
-        procs.append(subprocess.Popen(
-            [sys.executable, str(WORKER), "--mode", mode, "--job", job, "--result", str(result),
-             "--steps", str(STEPS), "--collate-sleep", str(collate_sleep),
-             "--uuid", uuids[str(rank)]],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = []
-    for p in procs:
-        out, _ = p.communicate(timeout=240)
-        outputs.append(out)
+    procs = launch(mode, job, result, ingest, ranks=ranks, steps=STEPS,
+                   collate_sleep=collate_sleep, uuids=uuids)
+    outputs = [p.communicate(timeout=240)[0] for p in procs]
     for p, out in zip(procs, outputs, strict=True):
         assert p.returncode == 0, out[-6000:]
     lines = [json.loads(x) for x in result.read_text().splitlines()]

@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -109,7 +111,9 @@ def plain(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    rep = StepReporter(args.job, flops_per_token=FLOPS_PER_TOKEN, gpu_uuid=args.uuid or None)
+    # fp32: what the frameworks report for this float32 model (the SDK defaults to bf16)
+    rep = StepReporter(args.job, flops_per_token=FLOPS_PER_TOKEN, precision="fp32",
+                       gpu_uuid=args.uuid or None)
     identical = None
     if args.mode == "plain-fsdp":
         identical = fsdp_grads_identical(device, rank)
@@ -174,7 +178,8 @@ def lightning(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     strategy: Any = "auto"
     if world > 1:
         strategy = FSDPStrategy(process_group_backend="gloo" if device.type == "cpu" else None,
-                                use_orig_params=True) if fsdp else DDPStrategy()
+                                auto_wrap_policy={nn.Linear}, use_orig_params=True,
+                                ) if fsdp else DDPStrategy()
     trainer = pl.Trainer(
         accelerator=device.type, devices=world, num_nodes=1, strategy=strategy, max_epochs=1,
         logger=False, enable_checkpointing=False, enable_progress_bar=False,
@@ -247,6 +252,32 @@ def accelerate(args: argparse.Namespace, device: torch.device) -> dict[str, Any]
 
 MODES = {"plain-ddp": plain, "plain-fsdp": plain, "lightning-ddp": lightning,
          "lightning-fsdp": lightning, "hf-trainer": hf_trainer, "accelerate": accelerate}
+
+
+def launch(mode: str, job: str, result: Path, ingest: str, *, ranks: int, steps: int,
+           collate_sleep: float, device: str = "cpu", uuids: dict[str, str] | None = None,
+           ) -> list[subprocess.Popen[str]]:
+    """Start this script once per rank, torchrun-style, appending results to ``result``.
+    ``uuids``: the GPU UUID each rank reports, by rank (CUDA ranks find their own)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    exporter_pkg = Path(__file__).resolve().parents[2] / "exporter"
+    procs = []
+    for rank in range(ranks):
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(ranks),
+               "OMP_NUM_THREADS": "1", "STEPSCOPE_INGEST": ingest,
+               "PYTHONPATH": str(exporter_pkg),
+               # transformers and Lightning: offline, no telemetry
+               "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1",
+               "TOKENIZERS_PARALLELISM": "false"}
+        cmd = [sys.executable, __file__, "--mode", mode, "--job", job, "--result", str(result),
+               "--steps", str(steps), "--collate-sleep", str(collate_sleep), "--device", device,
+               "--uuid", (uuids or {}).get(str(rank), "")]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    return procs
 
 
 def main() -> int:
