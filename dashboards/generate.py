@@ -5,10 +5,15 @@
 
 Plain Python builders, no dependency: a panel is a :class:`Panel` of :class:`Query`; a
 dashboard is a list of panels laid out left to right, top to bottom. Every dashboard has
-the variables ``datasource``, ``job``, ``Hostname`` and ``gpu``; queries use them as
-``$job``, ``$Hostname``, ``$gpu`` (regex matchers, so "All" is ``.*``). The queries read the
-recording rules of deploy/prometheus/rules/ where one exists, so a fleet of hundreds of
-nodes stays fast. docs/dashboards.md describes every panel.
+the variables ``datasource``, ``cluster``, ``training_job``, ``Hostname`` and ``gpu``;
+queries use them as ``$cluster``, ``$training_job``, ``$Hostname``, ``$gpu`` (regex
+matchers, so "All" is ``.*``, which also matches a series without the label). The queries
+read the recording rules of deploy/prometheus/rules/ where one exists, so a fleet of
+hundreds of nodes stays fast. docs/dashboards.md describes every panel.
+
+The dashboards are written once, for the host label ``Hostname``; ``json-hostname/`` is
+the same set for dcgm-exporter's newer ``hostname`` label, rewritten by
+:func:`stepscope.core.labels.with_host_label` (the rules use the same function).
 """
 
 from __future__ import annotations
@@ -19,15 +24,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-OUT_DIR = Path(__file__).resolve().parent / "json"
+from stepscope.core.labels import with_host_label
+
+HERE = Path(__file__).resolve().parent
+# host label -> the folder its dashboards are written to
+OUT_DIRS = {"Hostname": HERE / "json", "hostname": HERE / "json-hostname"}
 SCHEMA_VERSION = 39  # Grafana 10.4 / 11
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RUNBOOKS = "https://github.com/stepscope/stepscope/blob/main/docs/runbooks.md"
 
 # Selectors every query of a dashboard uses, so variables filter consistently.
-GPU = 'Hostname=~"$Hostname", gpu=~"$gpu"'
-HOST = 'Hostname=~"$Hostname"'
-RANK = 'job=~"$job", Hostname=~"$Hostname"'
+HOST = 'cluster=~"$cluster", Hostname=~"$Hostname"'
+GPU = f'{HOST}, gpu=~"$gpu"'
+RANK = f'training_job=~"$training_job", {HOST}'
+JOB = 'cluster=~"$cluster", training_job=~"$training_job"'
 
 Json = dict[str, Any]
 
@@ -248,9 +258,12 @@ def templating() -> Json:
             "refresh": 1,
             "regex": "",
         },
-        _variable("job", "Training job", "label_values(stepscope_steps_total, job)"),
-        _variable("Hostname", "Node", "label_values(DCGM_FI_DEV_GPU_UTIL, Hostname)"),
-        _variable("gpu", "GPU", 'label_values(DCGM_FI_DEV_GPU_UTIL{Hostname=~"$Hostname"}, gpu)'),
+        _variable("cluster", "Cluster", "label_values(DCGM_FI_DEV_GPU_UTIL, cluster)"),
+        _variable("training_job", "Training job",
+                  'label_values(stepscope_steps_total{cluster=~"$cluster"}, training_job)'),
+        _variable("Hostname", "Node",
+                  'label_values(DCGM_FI_DEV_GPU_UTIL{cluster=~"$cluster"}, Hostname)'),
+        _variable("gpu", "GPU", f"label_values(DCGM_FI_DEV_GPU_UTIL{{{HOST}}}, gpu)"),
     ]}
 
 
@@ -343,7 +356,7 @@ def fleet() -> Json:
         Panel("Lowest SM active per node", "timeseries", (Query(
             f"Hostname:DCGM_FI_PROF_SM_ACTIVE:min{{{HOST}}}", legend="{{Hostname}}"),),
               unit="percentunit", w=12, min=0, max=1,
-              description="min by (Hostname) (DCGM_FI_PROF_SM_ACTIVE), recorded."),
+              description="min by (cluster, Hostname) (DCGM_FI_PROF_SM_ACTIVE), recorded."),
         Panel("Thermal violation (worst GPU per node)", "timeseries", (Query(
             f"Hostname:DCGM_FI_DEV_THERMAL_VIOLATION:max_ratio_rate2m{{{HOST}}}",
             legend="{{Hostname}}"),), unit="percentunit", w=12, min=0,
@@ -352,8 +365,9 @@ def fleet() -> Json:
             f"Hostname:DCGM_FI_DEV_POWER_VIOLATION:max_ratio_rate2m{{{HOST}}}",
             legend="{{Hostname}}"),), unit="percentunit", w=12, min=0),
         Panel("Training ranks by straggler score", "table", (
-            Query(f"job_rank:stepscope_straggler_score:ratio{{{RANK}}}", instant=True),
-        ), w=12, h=8, sort_by="A", sort_desc=True, labels=("job", "rank", "Hostname", "gpu"),
+            Query(f"training_job_rank:stepscope_straggler_score:ratio{{{RANK}}}", instant=True),
+        ), w=12, h=8, sort_by="A", sort_desc=True,
+              labels=("cluster", "training_job", "rank", "Hostname", "gpu"),
               columns={"A": ("Compute time / job median", "none")},
               description="Needs the training SDK. Above 1.25 for 5 minutes alerts."),
     ]
@@ -418,7 +432,8 @@ def node() -> Json:
                    Query(f"rate(DCGM_FI_DEV_BOARD_LIMIT_VIOLATION{{{GPU}}}[$__rate_interval])"
                          " / 1e9", legend=f"board limit {legend}"), min=0),
         gpu_series("Clock-event time by reason", "percentunit",
-                   Query(f"sum by (Hostname, gpu, reason) (rate(stepscope_gpu_clock_event_seconds_"
+                   Query(f"sum by (cluster, Hostname, gpu, reason) "
+                         f"(rate(stepscope_gpu_clock_event_seconds_"
                          f"total{{{GPU}}}[$__rate_interval]))", legend=f"{{{{reason}}}} {legend}"),
                    min=0, description="Software vs hardware thermal slowdown, power cap."),
         Panel("Temperature and power", "row"),
@@ -433,7 +448,8 @@ def node() -> Json:
                    description="From the energy counter (mJ), so it averages between reads."),
         Panel("Errors", "row"),
         gpu_series("XIDs by code", "none",
-                   Query(f"sum by (Hostname, gpu, xid) (stepscope_xid_errors_total{{{GPU}}})",
+                   Query(f"sum by (cluster, Hostname, gpu, xid) "
+                         f"(stepscope_xid_errors_total{{{GPU}}})",
                          legend="{{Hostname}} gpu {{gpu}} xid {{xid}}"),
                    Query(f"DCGM_FI_DEV_XID_ERRORS{{{GPU}}}", legend=f"last XID {legend}"), w=8,
                    min=0, description="Counts per XID code since the exporter started, and "
@@ -475,45 +491,49 @@ def training() -> Json:
     rank_legend = "rank {{rank}} ({{Hostname}} gpu {{gpu}})"
     panels = [
         Panel("Step time (mean)", "stat", (Query(
-            'job:stepscope_step_duration_seconds:mean2m{job=~"$job"}', instant=True,
-            legend="{{job}}"),), unit="s", w=6, h=4),
-        Panel("Tokens/s", "stat", (Query('job:stepscope_tokens:rate2m{job=~"$job"}',
-                                         instant=True, legend="{{job}}"),),
+            f'training_job:stepscope_step_duration_seconds:mean2m{{{JOB}}}', instant=True,
+            legend="{{training_job}}"),), unit="s", w=6, h=4),
+        Panel("Tokens/s", "stat", (Query(f'training_job:stepscope_tokens:rate2m{{{JOB}}}',
+                                         instant=True, legend="{{training_job}}"),),
               unit="suffix: tok/s", w=6, h=4),
         Panel("MFU (mean over ranks)", "stat", (Query(
-            'job:stepscope_mfu_ratio:avg{job=~"$job"}', instant=True, legend="{{job}}"),),
+            f'training_job:stepscope_mfu_ratio:avg{{{JOB}}}', instant=True,
+            legend="{{training_job}}"),),
               unit="percentunit", w=6, h=4, thresholds=(("red", None), ("orange", 0.2),
                                                          ("green", 0.4))),
         Panel("Straggler score (worst rank)", "stat", (Query(
-            'job:stepscope_straggler_score:max{job=~"$job"}', instant=True, legend="{{job}}"),),
+            f'training_job:stepscope_straggler_score:max{{{JOB}}}', instant=True,
+            legend="{{training_job}}"),),
               w=6, h=4, thresholds=(("orange", 1.25),)),
         Panel("Step time per rank", "timeseries", (Query(
-            f"job_rank:stepscope_step_duration_seconds:mean2m{{{RANK}}}", legend=rank_legend),),
+            f"training_job_rank:stepscope_step_duration_seconds:mean2m{{{RANK}}}",
+            legend=rank_legend),),
               unit="s", w=12, min=0, description="Mean wall time per step over 2 minutes."),
         Panel("Step time distribution", "heatmap", (Query(
             f"sum by (le) (rate(stepscope_step_duration_seconds_bucket{{{RANK}}}"
             "[$__rate_interval]))", legend="{{le}}", heatmap=True),), unit="s", w=12),
         Panel("Where the step goes (mean over ranks)", "timeseries", (Query(
-            f"avg by (phase) (job_rank:stepscope_step_phase_seconds:mean2m{{{RANK}}})",
+            f"avg by (phase) (training_job_rank:stepscope_step_phase_seconds:mean2m{{{RANK}}})",
             legend="{{phase}}"),), unit="s", stack=True, w=12, min=0, description=(
                 "data_wait: waiting for the next batch; compute; comm: exposed communication; "
                 "other: the rest of the step.")),
         Panel("Exposed communication and data wait per rank", "timeseries", (
-            Query(f'job_rank:stepscope_step_phase_seconds:mean2m{{{RANK}, phase="comm"}}',
+            Query(f'training_job_rank:stepscope_step_phase_seconds:mean2m{{{RANK}, phase="comm"}}',
                   legend=f"comm {rank_legend}"),
-            Query(f'job_rank:stepscope_step_phase_seconds:mean2m{{{RANK}, phase="data_wait"}}',
+            Query(f'training_job_rank:stepscope_step_phase_seconds:mean2m'
+                  f'{{{RANK}, phase="data_wait"}}',
                   legend=f"data wait {rank_legend}"),
         ), unit="s", w=12, min=0, description=(
             "A straggler shows as comm time on the other ranks, which wait for it.")),
         Panel("Straggler score per rank", "timeseries", (Query(
-            f"job_rank:stepscope_straggler_score:ratio{{{RANK}}}", legend=rank_legend),),
+            f"training_job_rank:stepscope_straggler_score:ratio{{{RANK}}}", legend=rank_legend),),
               w=12, thresholds=(("orange", 1.25),), description=(
                   "Compute time per step over the job's median rank. 1 is typical.")),
         Panel("MFU per rank", "timeseries", (Query(
             f"stepscope_mfu_ratio{{{RANK}}}", legend=rank_legend),), unit="percentunit",
               w=12, min=0),
         Panel("Tokens/s per job", "timeseries", (Query(
-            'job:stepscope_tokens:rate2m{job=~"$job"}', legend="{{job}}"),),
+            f'training_job:stepscope_tokens:rate2m{{{JOB}}}', legend="{{training_job}}"),),
               unit="suffix: tok/s", w=12, min=0),
         Panel("Bottleneck verdict per rank", "state-timeline", (Query(
             f"stepscope_bottleneck{{{RANK}}} == 1", legend="rank {{rank}}: {{kind}}"),),
@@ -539,24 +559,27 @@ DASHBOARDS = {
 }
 
 
-def render() -> dict[str, str]:
-    """File name → JSON text of every dashboard, exactly as committed."""
-    return {name: json.dumps(build(), indent=2, sort_keys=True) + "\n"
+def render(host_label: str = "Hostname") -> dict[str, str]:
+    """File name → JSON text of every dashboard for ``host_label``, exactly as committed."""
+    return {name: with_host_label(json.dumps(build(), indent=2, sort_keys=True) + "\n",
+                                  host_label)
             for name, build in DASHBOARDS.items()}
 
 
 def main(argv: list[str]) -> int:
-    rendered = render()
-    if "--check" in argv:
-        stale = [n for n, text in rendered.items()
-                 if not (OUT_DIR / n).exists() or (OUT_DIR / n).read_text() != text]
-        for name in stale:
-            print(f"dashboards/json/{name} is out of date: run python dashboards/generate.py")
-        return 1 if stale else 0
-    OUT_DIR.mkdir(exist_ok=True)
-    for name, text in rendered.items():
-        (OUT_DIR / name).write_text(text)
-    return 0
+    stale: list[str] = []
+    for host_label, out_dir in OUT_DIRS.items():
+        rendered = render(host_label)
+        if "--check" in argv:
+            stale += [f"dashboards/{out_dir.name}/{n}" for n, text in rendered.items()
+                      if not (out_dir / n).exists() or (out_dir / n).read_text() != text]
+            continue
+        out_dir.mkdir(exist_ok=True)
+        for name, text in rendered.items():
+            (out_dir / name).write_text(text)
+    for name in stale:
+        print(f"{name} is out of date: run python dashboards/generate.py")
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

@@ -39,6 +39,11 @@ class FileSet:
 FILE_SETS = (
     FileSet(REPO / "deploy" / "prometheus" / "rules", "*.yml", "rules"),
     FileSet(REPO / "dashboards" / "json", "*.json", "dashboards"),
+    # the same for dcgm-exporter's newer `hostname` label (values: hostLabel: hostname),
+    # themselves generated from the two above by deploy/prometheus/generate.py and
+    # dashboards/generate.py
+    FileSet(REPO / "deploy" / "prometheus" / "rules-hostname", "*.yml", "rules-hostname"),
+    FileSet(REPO / "dashboards" / "json-hostname", "*.json", "dashboards-hostname"),
 )
 
 

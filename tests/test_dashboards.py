@@ -22,7 +22,9 @@ from conftest import REPO
 
 DASHBOARDS = REPO / "dashboards"
 PANEL_TYPES = {"timeseries", "table", "heatmap", "stat", "state-timeline", "row"}
-VARIABLES = {"datasource", "job", "Hostname", "gpu"}
+VARIABLES = {"datasource", "cluster", "training_job", "Hostname", "gpu"}
+# host label -> the folder of its dashboards (one source: the generator)
+FOLDERS = {"Hostname": "json", "hostname": "json-hostname"}
 METRIC = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*(?::[A-Za-z0-9_]+){2}|DCGM_FI_\w+|stepscope_\w+)\b")
 
 
@@ -36,8 +38,8 @@ def load_generator() -> ModuleType:
     return module
 
 
-def committed() -> dict[str, dict[str, Any]]:
-    return {p.name: json.loads(p.read_text()) for p in sorted((DASHBOARDS / "json").glob("*.json"))}
+def committed(folder: str = "json") -> dict[str, dict[str, Any]]:
+    return {p.name: json.loads(p.read_text()) for p in sorted((DASHBOARDS / folder).glob("*.json"))}
 
 
 def panels(dash: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -52,12 +54,23 @@ def queries(dash: dict[str, Any]) -> Iterator[tuple[str, str]]:
             yield panel["title"], target["expr"]
 
 
-def test_committed_json_is_what_the_generator_writes() -> None:
-    rendered = load_generator().render()
-    on_disk = {p.name: p.read_text() for p in (DASHBOARDS / "json").glob("*.json")}
+@pytest.mark.parametrize(("host_label", "folder"), FOLDERS.items())
+def test_committed_json_is_what_the_generator_writes(host_label: str, folder: str) -> None:
+    rendered = load_generator().render(host_label)
+    on_disk = {p.name: p.read_text() for p in (DASHBOARDS / folder).glob("*.json")}
     assert set(on_disk) == set(rendered)
     for name, text in rendered.items():
         assert on_disk[name] == text, f"{name} is stale: run python dashboards/generate.py"
+
+
+def test_the_hostname_set_uses_only_the_lower_case_label() -> None:
+    for name, dash in committed("json-hostname").items():
+        text = json.dumps(dash)
+        assert "Hostname" not in text, name
+        variables = {v["name"] for v in dash["templating"]["list"]}
+        assert variables == VARIABLES - {"Hostname"} | {"hostname"}
+        assert all("$hostname" in e for t, e in queries(dash) if "ALERTS" not in e and
+                   "training_job:" not in e.split("{")[0]), name
 
 
 def test_three_dashboards_fleet_node_training() -> None:
@@ -112,7 +125,7 @@ def test_queries_use_the_variables_and_read_served_or_recorded_metrics() -> None
                 base = re.sub(r"_(bucket|sum|count)$", "", name)
                 assert f"`{base}`" in documented, f"{title}: {name} is neither served nor recorded"
             if "ALERTS" not in expr:
-                assert "$Hostname" in expr or "$job" in expr, f"{title}: {expr}"
+                assert "$Hostname" in expr or "$training_job" in expr, f"{title}: {expr}"
 
 
 def test_fleet_dashboard_shows_the_straggler_table_and_heatmap() -> None:

@@ -33,7 +33,7 @@ def test_ec2_config_finds_running_gpu_nodes_by_tag_and_type_on_port_9400() -> No
     job = next(
         j for j in _load("prometheus-ec2.yml")["scrape_configs"] if j["job_name"] == "stepscope"
     )
-    assert job["honor_labels"] is True, "training series carry their own job label"
+    assert job["honor_labels"] is False, "Prometheus' job/instance win; ours is training_job"
     (sd,) = job["ec2_sd_configs"]
     assert sd["port"] == 9400
     filters = {f["name"]: f["values"] for f in sd["filters"]}
@@ -73,4 +73,4 @@ def test_kubernetes_config_passes_promtool(tmp_path: Path) -> None:
     stripped.write_text(yaml.safe_dump(cfg))
     run = check_config(stripped)
     assert run.returncode == 0 and "SUCCESS" in run.stdout, run.stdout + run.stderr
-    assert job["honor_labels"] is True
+    assert job["honor_labels"] is False

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -344,7 +345,7 @@ def test_service_monitor_has_what_the_operator_requires(
     assert selector.items() <= svc["metadata"]["labels"].items()
     (endpoint,) = sm["spec"]["endpoints"]
     assert endpoint["port"] == "metrics"
-    assert endpoint["honorLabels"] is True, "training series carry their own job label"
+    assert endpoint["honorLabels"] is False, "Prometheus' job/instance win; ours is training_job"
     assert endpoint["interval"] == "15s"
     assert sm["spec"]["namespaceSelector"]["matchNames"] == ["stepscope"]
     assert not by_kind(default_objects, "PodMonitor")
@@ -490,3 +491,24 @@ def test_plain_manifests_are_up_to_date() -> None:
         assert path.exists() and path.read_text() == text, (
             f"{path.name} is stale: run python deploy/kubernetes/render.py"
         )
+
+
+def test_host_label_picks_the_exporter_label_rules_and_dashboards_from_one_value() -> None:
+    objs = rendered_objects({"hostLabel": "hostname", "cluster": "train-east"})
+    env = {e["name"]: e.get("value") for e in _main(objs)["env"]}
+    assert env["STEPSCOPE_HOST_LABEL"] == "hostname"
+    rule = one(objs, "PrometheusRule")
+    text = yaml.safe_dump(rule["spec"]["groups"])
+    assert "hostname" in text and not re.search(r"(?<![A-Za-z0-9_])Hostname(?![A-Za-z0-9])", text)
+    for cm in by_kind(objs, "ConfigMap"):
+        if "dashboard" in cm["metadata"]["name"]:
+            assert "Hostname" not in json.dumps(cm["data"]), cm["metadata"]["name"]
+    (endpoint,) = one(objs, "ServiceMonitor")["spec"]["endpoints"]
+    assert {"targetLabel": "cluster", "replacement": "train-east"} in endpoint["relabelings"]
+    # the default: dcgm-exporter's older label everywhere, no cluster relabeling
+    default = rendered_objects()
+    env = {e["name"]: e.get("value") for e in _main(default)["env"]}
+    assert env["STEPSCOPE_HOST_LABEL"] == "Hostname"
+    assert "by (cluster, Hostname)" in yaml.safe_dump(one(default, "PrometheusRule")["spec"])
+    (endpoint,) = one(default, "ServiceMonitor")["spec"]["endpoints"]
+    assert all(r.get("targetLabel") != "cluster" for r in endpoint["relabelings"])

@@ -32,8 +32,13 @@ import pytest
 
 from conftest import REPO, Exporter, parse_samples, start_exporter, wait_for
 
-RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
-DASHBOARDS_DIR = REPO / "dashboards" / "json"
+# host label -> (rules, dashboards): both sets, generated from one source, are run
+SETS = {
+    "Hostname": (REPO / "deploy" / "prometheus" / "rules", REPO / "dashboards" / "json"),
+    "hostname": (REPO / "deploy" / "prometheus" / "rules-hostname",
+                 REPO / "dashboards" / "json-hostname"),
+}
+CLUSTER = "e2e"
 JOB = "e2e-llama"
 HEALTHY = ("node-a", "node-b", "node-c")
 SLOW = "node-slow"
@@ -73,11 +78,11 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return port
 
 
-def shortened_rules(dest: Path) -> list[Path]:
+def shortened_rules(dest: Path, rules_dir: Path) -> list[Path]:
     """The shipped rule files with every `for:` set to 5 s; nothing else changes."""
     dest.mkdir()
     out = []
-    for path in sorted(RULES_DIR.glob("*.yml")):
+    for path in sorted(rules_dir.glob("*.yml")):
         text, n = re.subn(r"(?m)^(\s+)for: \S+$", r"\1for: 5s", path.read_text())
         assert n or "alert:" not in text
         (dest / path.name).write_text(text)
@@ -88,16 +93,19 @@ def shortened_rules(dest: Path) -> list[Path]:
 class Prometheus:
     """A prometheus server process on a free loopback port, TSDB in a tmp dir."""
 
-    def __init__(self, tmp: Path, targets: list[str]) -> None:
-        rules = shortened_rules(tmp / "rules")
+    host_label = "Hostname"
+
+    def __init__(self, tmp: Path, targets: list[str], rules_dir: Path) -> None:
+        rules = shortened_rules(tmp / "rules", rules_dir)
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
                        "scrape_timeout": "900ms"},
             "rule_files": [str(p) for p in rules],
             "scrape_configs": [{
                 "job_name": "stepscope",
-                "honor_labels": True,
-                "static_configs": [{"targets": targets}],
+                # as shipped: the scrape's labels win; the cluster is a target label
+                "honor_labels": False,
+                "static_configs": [{"targets": targets, "labels": {"cluster": CLUSTER}}],
             }],
         }
         (tmp / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
@@ -173,8 +181,11 @@ class Ranks:
         self.thread.join(timeout=5)
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[tuple[Prometheus, list[Exporter]]]:
+@pytest.fixture(params=list(SETS))
+def cluster(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[Prometheus, list[Exporter]]]:
+    host_label: str = request.param
     scenario = tmp_path / "slow.yaml"
     scenario.write_text(SLOW_SCENARIO)
     exporters: list[Exporter] = []
@@ -186,13 +197,15 @@ def cluster(tmp_path: Path) -> Iterator[tuple[Prometheus, list[Exporter]]]:
             port = str(free_port(socket.SOCK_DGRAM))
             gpus = ["--scenario", str(scenario)] if host == SLOW else ["--simulate", str(GPUS)]
             exp = start_exporter([*gpus, "--hostname", host, "--interval", "0.5",
-                                  "--slow-interval", "1", "--ingest", f"udp://127.0.0.1:{port}"])
+                                  "--slow-interval", "1", "--ingest", f"udp://127.0.0.1:{port}",
+                                  "--host-label", host_label])
             exporters.append(exp)
             up = parse_samples(exp.metrics())["stepscope_gpu_up"]
             uuids = [lbl["UUID"] for lbl, _ in sorted(up, key=lambda s: int(s[0]["gpu"]))]
             nodes.append((host, port, uuids))
         ranks = Ranks(nodes)
-        prom = Prometheus(tmp_path, [e.address for e in exporters])
+        prom = Prometheus(tmp_path, [e.address for e in exporters], SETS[host_label][0])
+        prom.host_label = host_label
         yield prom, exporters
     finally:
         if ranks is not None:
@@ -215,15 +228,16 @@ def alerts_by_name(prom: Prometheus) -> dict[str, list[dict[str, Any]]]:
 def substitute(expr: str) -> str:
     """Template variables as Grafana fills them for the straggler node, GPU 0, the job."""
     for var, value in (("$__rate_interval", "1m"), ("$__range", "1m"), ("$Hostname", SLOW),
-                       ("$gpu", "0"), ("$job", JOB)):
+                       ("$hostname", SLOW), ("$gpu", "0"), ("$training_job", JOB),
+                       ("$cluster", CLUSTER)):
         expr = expr.replace(var, value)
     assert "$" not in expr, expr
     return expr
 
 
-def panel_queries() -> list[tuple[str, str, str]]:
+def panel_queries(dashboards_dir: Path) -> list[tuple[str, str, str]]:
     out = []
-    for path in sorted(DASHBOARDS_DIR.glob("*.json")):
+    for path in sorted(dashboards_dir.glob("*.json")):
         dash = json.loads(path.read_text())
         for panel in dash["panels"]:
             for target in panel.get("targets", []):
@@ -246,7 +260,8 @@ def test_straggler_and_thermal_alerts_fire_for_the_slow_node_only_and_every_pane
     alerts = wait_for(firing, timeout=60, interval=1)
     for name in STRAGGLER_ALERTS:
         # firing or pending: no other node is even on its way to being blamed
-        hosts = {a["labels"]["Hostname"] for a in alerts[name]}
+        hosts = {a["labels"][prom.host_label] for a in alerts[name]}
+        assert {a["labels"]["cluster"] for a in alerts[name]} == {CLUSTER}
         assert hosts == {SLOW}, (name, hosts)
     ranks = {a["labels"]["rank"] for a in alerts["StepscopeRankStraggler"]}
     assert ranks == {"6", "7"}  # node-slow's two ranks
@@ -258,11 +273,11 @@ def test_straggler_and_thermal_alerts_fire_for_the_slow_node_only_and_every_pane
     assert {a["labels"]["severity"] for name in STRAGGLER_ALERTS for a in alerts[name]} == {
         "warning"}
     # the slow node's XID 13 is a warning, not a drain
-    assert {a["labels"]["Hostname"] for a in alerts.get("StepscopeGpuXid", [])} <= {SLOW}
+    assert {a["labels"][prom.host_label] for a in alerts.get("StepscopeGpuXid", [])} <= {SLOW}
     assert "StepscopeGpuXidDrain" not in alerts
     fired_after = time.monotonic() - started
 
-    queries = panel_queries()
+    queries = panel_queries(SETS[prom.host_label][1])
     assert len(queries) > 40
 
     def empty() -> list[tuple[str, str, str]]:

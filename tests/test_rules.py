@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,8 @@ def test_every_alert_has_severity_text_and_a_runbook_section() -> None:
         notes = alert["annotations"]
         assert set(notes) == {"summary", "description", "runbook_url"}, name
         # the description names where it happened and what was measured
-        assert re.search(r"\$labels\.(Hostname|instance|job)", notes["description"]), name
+        names_where = r"\$labels\.(Hostname|instance|job|training_job)"
+        assert re.search(names_where, notes["description"]), name
         assert "$value" in notes["description"] or "$labels" in notes["summary"], name
         url = notes["runbook_url"]
         assert url.startswith(RUNBOOK_BASE), name
@@ -112,3 +114,30 @@ def test_for_durations_fire_within_minutes_at_a_15_second_scrape() -> None:
         assert match, (alert["alert"], duration)
         seconds = int(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2)]
         assert seconds <= 30 * 60, alert["alert"]
+
+
+HOSTNAME_RULES = REPO / "deploy" / "prometheus" / "rules-hostname"
+HOSTNAME_TESTS = REPO / "deploy" / "prometheus" / "rules-tests-hostname"
+
+
+def test_the_hostname_variant_is_generated_from_the_canonical_rules() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "deploy" / "prometheus" / "generate.py"), "--check"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    for path in [*HOSTNAME_RULES.glob("*.yml"), *HOSTNAME_TESTS.glob("*.yml")]:
+        text = path.read_text()
+        assert "GENERATED" in text.splitlines()[0]
+        assert re.search(r"(?<![A-Za-z0-9_])Hostname(?![A-Za-z0-9])", text) is None, path.name
+
+
+def test_the_hostname_variant_passes_its_promtool_checks_and_unit_tests() -> None:
+    tool = promtool()
+    check = subprocess.run([tool, "check", "rules", *map(str, HOSTNAME_RULES.glob("*.yml"))],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    names = [p.name for p in HOSTNAME_TESTS.glob("*.yml")]
+    tests = subprocess.run([tool, "test", "rules", *names], cwd=HOSTNAME_TESTS,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert tests.returncode == 0, tests.stdout + tests.stderr

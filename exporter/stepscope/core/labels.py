@@ -25,6 +25,7 @@ the facts behind them stay the same, so a steady node escapes each label set onc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -188,3 +189,19 @@ class LabelSchemaBuilder:
         return LabelSchema(
             hostname, gpus, rendered, ranks, self._rank_cache, self.host_label
         )
+
+
+_HOST_TOKEN = re.compile(r"(?<![A-Za-z0-9_])Hostname(?![A-Za-z0-9])")
+
+
+def with_host_label(text: str, host_label: str) -> str:
+    """``text`` (PromQL, rules, dashboard JSON written for ``Hostname``) for ``host_label``.
+
+    The shipped rules and dashboards are written once, for ``Hostname``; the variant for
+    dcgm-exporter's newer ``hostname`` is this rewrite of every ``Hostname`` token: the
+    label in selectors, ``by``/``on`` lists, ``$labels.Hostname``, ``{{Hostname}}``
+    legends, the ``$Hostname`` variable and recording-rule levels (``Hostname:...``).
+    """
+    if host_label not in HOST_LABELS:
+        raise ValueError(f"host label must be one of {', '.join(HOST_LABELS)}")
+    return text if host_label == HOST_LABEL else _HOST_TOKEN.sub(host_label, text)

@@ -87,6 +87,11 @@ relabelings:
   # the node a target runs on, beside the exporter's own Hostname label
   - sourceLabels: [__meta_kubernetes_pod_node_name]
     targetLabel: node
+  {{- with $root.Values.cluster }}
+  # the cluster: node names repeat across clusters, the fleet rules group by it
+  - targetLabel: cluster
+    replacement: {{ . | quote }}
+  {{- end }}
   {{- with $m.relabelings }}
   {{- toYaml . | nindent 2 }}
   {{- end }}
