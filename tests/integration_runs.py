@@ -6,6 +6,11 @@ real exporter serves for the job, to compare a framework's run with the plain lo
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +19,7 @@ import pytest
 
 from conftest import Exporter, parse_samples, start_exporter, wait_for
 from stepscope.datagram import PHASES
+from test_train_ddp import Collector
 from workers.integration_worker import FLOPS_PER_TOKEN, TOKENS, launch
 
 STEPS, WARMUP = 12, 3
@@ -117,3 +123,21 @@ def assert_same_series(plain: dict[str, Served], framework: dict[str, Served],
         # the same workload takes about the same time and data wait either way
         p, f = plain[rank], framework[rank]
         assert f.phases["data_wait"] == pytest.approx(p.phases["data_wait"], rel=0.35)
+
+
+@contextmanager
+def datagrams() -> Iterator[tuple[Collector, str]]:
+    """A Unix socket collecting the datagrams of in-process runs, and its ingest URL."""
+    tmp = tempfile.mkdtemp(prefix="ss-int-")
+    col = Collector(os.path.join(tmp, "ingest.sock"))
+    try:
+        yield col, f"unix://{tmp}/ingest.sock"
+    finally:
+        col.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def received(col: Collector, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` step datagrams, by step, once they have arrived."""
+    wait_for(lambda: len(col.got) >= n, timeout=10)
+    return sorted(col.got, key=lambda d: d["step"])

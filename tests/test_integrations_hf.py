@@ -5,9 +5,6 @@ script gives none; gradient accumulation makes one step of several micro-batches
 
 from __future__ import annotations
 
-import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +14,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from integration_runs import assert_same_series, exporter, run_ranks, served
-from test_train_ddp import Collector
+from integration_runs import assert_same_series, datagrams, exporter, received, run_ranks, served
 
 
 def test_trainer_and_accelerate_serve_the_plain_loops_series(tmp_path: Path) -> None:
@@ -35,24 +31,14 @@ def test_trainer_and_accelerate_serve_the_plain_loops_series(tmp_path: Path) -> 
         assert exp.stop() == 0
 
 
-@pytest.fixture
-def collector() -> Iterator[tuple[Collector, str]]:
-    tmp = tempfile.mkdtemp(prefix="ss-hf-")
-    path = os.path.join(tmp, "ingest.sock")
-    col = Collector(path)
-    yield col, f"unix://{path}"
-    col.close()
-
-
 def test_a_trainer_with_gradient_accumulation_reports_optimizer_steps_with_config_flops(
-        collector: tuple[Collector, str], tmp_path: Path) -> None:
+        tmp_path: Path) -> None:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     from stepscope.train import transformer_flops_per_token
     from stepscope.train.hf import StepscopeCallback, transformer_shape
 
-    col, ingest = collector
     seq, batch, accum, steps = 16, 2, 2, 4
     config = GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=seq)
     model = GPT2LMHeadModel(config)
@@ -66,10 +52,11 @@ def test_a_trainer_with_gradient_accumulation_reports_optimizer_steps_with_confi
                              report_to="none", logging_strategy="no", save_strategy="no",
                              disable_tqdm=True)
     trainer = Trainer(model=model, args=args, train_dataset=data)
-    cb = StepscopeCallback.attach(trainer, "gpt2-tiny", ingest=ingest, warmup_steps=0)
-    trainer.train()
+    with datagrams() as (col, ingest):
+        cb = StepscopeCallback.attach(trainer, "gpt2-tiny", ingest=ingest, warmup_steps=0)
+        trainer.train()
+        got = received(col, steps)
     assert cb.errors == 0 and cb.reporter is not None and cb.reporter.dropped == 0
-    got = _wait(col, steps)
     tokens = batch * accum * seq
     assert [d["step"] for d in got] == list(range(steps))
     assert all(d["tokens"] == tokens for d in got)
@@ -78,14 +65,11 @@ def test_a_trainer_with_gradient_accumulation_reports_optimizer_steps_with_confi
     assert all(d["precision"] == "fp32" and d["world_size"] == 1 for d in got)
 
 
-def test_a_failing_token_count_is_counted_and_training_goes_on(
-        collector: tuple[Collector, str], tmp_path: Path) -> None:
+def test_a_failing_token_count_is_counted_and_training_goes_on(tmp_path: Path) -> None:
     from transformers import Trainer, TrainingArguments
 
     from stepscope.train.hf import StepscopeCallback
     from workers.integration_worker import TinyLM, make_collate, samples
-
-    col, ingest = collector
 
     def broken(batch: Any) -> int:
         raise RuntimeError("a tokens_fn that breaks")
@@ -95,15 +79,10 @@ def test_a_failing_token_count_is_counted_and_training_goes_on(
                              logging_strategy="no", save_strategy="no", disable_tqdm=True)
     trainer = Trainer(model=TinyLM(), args=args, train_dataset=samples(24, 1),
                       data_collator=make_collate(0.0))
-    cb = StepscopeCallback.attach(trainer, "broken", ingest=ingest, tokens_fn=broken)
-    trainer.train()  # does not raise
+    with datagrams() as (col, ingest):
+        cb = StepscopeCallback.attach(trainer, "broken", ingest=ingest, tokens_fn=broken)
+        trainer.train()  # does not raise
+        got = received(col, 3)
     assert trainer.state.global_step == 3
     assert cb.errors == 3  # one per fetch of an optimizer step's batches
-    assert [d["step"] for d in _wait(col, 3)] == [0, 1, 2]
-
-
-def _wait(col: Collector, n: int) -> list[dict[str, Any]]:
-    from conftest import wait_for
-
-    wait_for(lambda: len(col.got) >= n, timeout=10)
-    return sorted(col.got, key=lambda d: d["step"])
+    assert [(d["step"], d["tokens"]) for d in got] == [(0, 0), (1, 0), (2, 0)]

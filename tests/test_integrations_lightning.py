@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("lightning")
 
-from integration_runs import assert_same_series, exporter, run_ranks, served
+from integration_runs import assert_same_series, datagrams, exporter, received, run_ranks, served
 
 
 def test_lightning_ddp_serves_the_plain_loops_series(tmp_path: Path) -> None:
@@ -22,3 +22,82 @@ def test_lightning_ddp_serves_the_plain_loops_series(tmp_path: Path) -> None:
         assert_same_series(served(exp, "plain"), served(exp, "lightning"))
     finally:
         assert exp.stop() == 0
+
+
+def test_accumulated_micro_batches_make_one_step_and_the_users_profiler_still_profiles() -> None:
+    import lightning.pytorch as pl
+    import torch
+
+    from stepscope.train.lightning import StepscopeCallback
+    from workers.integration_worker import BATCH, TOKENS, TinyLM, make_collate, samples
+
+    class Module(pl.LightningModule):
+        flops_per_batch = 1000.0
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = TinyLM()
+
+        def training_step(self, batch: dict[str, torch.Tensor], idx: int) -> torch.Tensor:
+            loss: torch.Tensor = self.lm(**batch)["loss"]
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    with datagrams() as (col, ingest):
+        cb = StepscopeCallback("accum", ingest=ingest, warmup_steps=0)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1,
+                             accumulate_grad_batches=2, profiler="simple", logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[cb])
+        loader = torch.utils.data.DataLoader(samples(8 * BATCH, 0), batch_size=BATCH,
+                                             collate_fn=make_collate(0.01))
+        trainer.fit(Module(), loader)
+        got = received(col, 4)
+    assert cb.errors == 0
+    assert [(d["step"], d["tokens"], d["flops"]) for d in got] == [
+        (i, 2 * TOKENS, 2000.0) for i in range(4)]
+    # the first micro-batch's fetch is data wait; the second's is inside the step
+    assert all(0.009 <= d["data"] < 0.02 for d in got[1:]), got
+    assert all(d["precision"] == "fp32" for d in got)
+    # the tap is gone and the user's profiler saw every fetch
+    assert type(trainer.profiler).__name__ == "SimpleProfiler"
+    fetches = [k for k in trainer.profiler.recorded_durations if "train_dataloader_next" in k]
+    assert fetches and len(trainer.profiler.recorded_durations[fetches[0]]) >= 8
+
+
+def test_a_failing_token_count_is_counted_and_lightning_trains_on() -> None:
+    import lightning.pytorch as pl
+    import torch
+
+    from stepscope.train.lightning import StepscopeCallback
+    from workers.integration_worker import BATCH, TinyLM, make_collate, samples
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = TinyLM()
+
+        def training_step(self, batch: dict[str, torch.Tensor], idx: int) -> torch.Tensor:
+            loss: torch.Tensor = self.lm(**batch)["loss"]
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def broken(batch: object) -> int:
+        raise RuntimeError("a tokens_fn that breaks")
+
+    with datagrams() as (col, ingest):
+        cb = StepscopeCallback("broken", ingest=ingest, tokens_fn=broken)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[cb])
+        loader = torch.utils.data.DataLoader(samples(3 * BATCH, 0), batch_size=BATCH,
+                                             collate_fn=make_collate(0.0))
+        trainer.fit(Module(), loader)  # does not raise
+        got = received(col, 3)
+    assert trainer.global_step == 3
+    assert cb.errors == 3  # one per batch, and each step still reported
+    assert [(d["step"], d["tokens"]) for d in got] == [(0, 0), (1, 0), (2, 0)]

@@ -144,7 +144,7 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         """A micro-batch starts: the first of an optimizer step opens the step."""
         if self._span is None or self.reporter is None:
             return
-        tokens = int(self.tokens_fn(batch))
+        tokens = self._tokens(batch) or 0  # a failing count still reports the step
         flops = None
         if self.reporter.flops_per_token is None and self.reporter.flops_per_step is None:
             flops = getattr(pl_module, "flops_per_batch", None)
@@ -181,6 +181,10 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
             self.reporter.close()
 
     # -- ours -----------------------------------------------------------------------
+
+    @guarded
+    def _tokens(self, batch: Any) -> int:
+        return int(self.tokens_fn(batch))
 
     @guarded
     def _data_wait(self, start: float, end: float) -> None:
