@@ -86,3 +86,36 @@ def test_a_failing_token_count_is_counted_and_training_goes_on(tmp_path: Path) -
     assert trainer.state.global_step == 3
     assert cb.errors == 3  # one per fetch of an optimizer step's batches
     assert [(d["step"], d["tokens"]) for d in got] == [(0, 0), (1, 0), (2, 0)]
+
+
+def test_accelerate_with_gradient_accumulation_reports_one_step_per_optimizer_step() -> None:
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from stepscope.train.accelerate import AcceleratorReporter
+    from workers.integration_worker import BATCH, TOKENS, TinyLM, make_collate, samples
+
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    try:
+        model = TinyLM()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = torch.utils.data.DataLoader(samples(8 * BATCH, 0), batch_size=BATCH,
+                                             collate_fn=make_collate(0.0))
+        model, opt, loader = accelerator.prepare(model, opt, loader)
+        with datagrams() as (col, ingest):
+            steps = AcceleratorReporter(accelerator, "accum", model=model, ingest=ingest,
+                                        flops_per_token=10.0, warmup_steps=0)
+            for batch in steps.timed(loader):
+                with accelerator.accumulate(model), steps.step(tokens=TOKENS):
+                    accelerator.backward(model(**batch)["loss"])
+                    opt.step()
+                    opt.zero_grad()
+            steps.close()
+            got = received(col, 4)
+    finally:
+        AcceleratorState._reset_state(True)  # the next Trainer builds its own
+    assert steps.errors == 0 and steps.reporter.steps == 4
+    assert [(d["step"], d["tokens"], d["flops"]) for d in got] == [
+        (i, 2 * TOKENS, 20.0 * TOKENS) for i in range(4)]
+    assert all(d["precision"] == "fp32" and d["world_size"] == 1 for d in got)
