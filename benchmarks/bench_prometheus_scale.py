@@ -1,6 +1,7 @@
 """How the shipped rules and dashboards scale: a real Prometheus scraping many nodes.
 
     python benchmarks/bench_prometheus_scale.py [--nodes 16 64 128] [--seconds 40]
+    python benchmarks/bench_prometheus_scale.py --nodes 1000 --interval 15s --seconds 180
 
 One real `stepscope serve --simulate 8` with 8 training ranks reporting steps gives the
 exposition of one 8-GPU node. The benchmark serves N copies of it, each with its own
@@ -42,14 +43,15 @@ REPO = Path(__file__).resolve().parent.parent
 RULES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
 H100_BF16 = 989.4e12
 QUERIES = {
-    "straggler table, raw": "min by (Hostname) (DCGM_FI_PROF_SM_ACTIVE)",
+    "straggler table, raw": "min by (cluster, Hostname) (DCGM_FI_PROF_SM_ACTIVE)",
     "straggler table, recorded": "Hostname:DCGM_FI_PROF_SM_ACTIVE:min",
-    "thermal per node, raw": "max by (Hostname) (rate(DCGM_FI_DEV_THERMAL_VIOLATION[2m]))",
+    "thermal per node, raw": (
+        "max by (cluster, Hostname) (rate(DCGM_FI_DEV_THERMAL_VIOLATION[2m]))"),
     "thermal per node, recorded": "Hostname:DCGM_FI_DEV_THERMAL_VIOLATION:max_ratio_rate2m",
     "straggler score, raw": (
         'sum without (phase) (rate(stepscope_step_phase_seconds_total{phase="compute"}[2m]))'
         " / rate(stepscope_step_duration_seconds_count[2m])"),
-    "straggler score, recorded": "job_rank:stepscope_straggler_score:ratio",
+    "straggler score, recorded": "training_job_rank:stepscope_straggler_score:ratio",
 }
 
 
@@ -123,21 +125,26 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
-def run(prometheus: str, template: str, nodes: int, seconds: float) -> dict[str, Any]:
+def run(
+    prometheus: str, template: str, nodes: int, seconds: float, interval: str = "5s"
+) -> dict[str, Any]:
     fleet = Fleet(template, nodes)
     threading.Thread(target=fleet.serve_forever, daemon=True).start()
     address = f"127.0.0.1:{fleet.server_address[1]}"
     tmp = Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
     url = f"http://127.0.0.1:{free_port()}"
     config = {
-        "global": {"scrape_interval": "5s", "evaluation_interval": "5s", "scrape_timeout": "5s"},
+        "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                   "scrape_timeout": "5s"},
         "rule_files": [str(p) for p in RULES],
         "scrape_configs": [{
-            "job_name": "stepscope", "honor_labels": True,
+            # as shipped: honor_labels false, the cluster a target label (two clusters)
+            "job_name": "stepscope", "honor_labels": False,
             "static_configs": [
                 {"targets": [address],
                  "labels": {"__metrics_path__": f"/node-{i:04d}/metrics",
-                            "instance": f"node-{i:04d}:9400"}}
+                            "instance": f"node-{i:04d}:9400",
+                            "cluster": "east" if i % 2 else "west"}}
                 for i in range(nodes)],
         }, {
             "job_name": "prometheus", "static_configs": [{"targets": [url[7:]]}],
@@ -208,6 +215,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[16, 64, 128])
     parser.add_argument("--seconds", type=float, default=40.0)
+    parser.add_argument("--interval", default="5s",
+                        help="scrape and evaluation interval (15s: production at 1,000 nodes)")
     args = parser.parse_args()
     prometheus = shutil.which("prometheus")
     if prometheus is None:
@@ -216,7 +225,7 @@ def main() -> int:
     template = one_node_exposition()
     print(f"one node: {sum(1 for ln in template.splitlines() if ln and ln[0] != '#')} "
           f"samples ({os.cpu_count()} CPUs here)")
-    results = [run(prometheus, template, n, args.seconds) for n in args.nodes]
+    results = [run(prometheus, template, n, args.seconds, args.interval) for n in args.nodes]
     groups = sorted({g for r in results for g in r["groups_ms"]})
     head = ["nodes", "series/node", "head series", "samples/s", "RSS MiB",
             *[f"{g} ms" for g in groups]]

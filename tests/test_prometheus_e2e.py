@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from conftest import REPO, Exporter, parse_samples, start_exporter, wait_for
 
@@ -95,7 +96,9 @@ class Prometheus:
 
     host_label = "Hostname"
 
-    def __init__(self, tmp: Path, targets: list[str], rules_dir: Path) -> None:
+    def __init__(
+        self, tmp: Path, targets: list[str], rules_dir: Path, **job: Any
+    ) -> None:
         rules = shortened_rules(tmp / "rules", rules_dir)
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
@@ -106,6 +109,7 @@ class Prometheus:
                 # as shipped: the scrape's labels win; the cluster is a target label
                 "honor_labels": False,
                 "static_configs": [{"targets": targets, "labels": {"cluster": CLUSTER}}],
+                **job,
             }],
         }
         (tmp / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
@@ -289,3 +293,35 @@ def test_straggler_and_thermal_alerts_fire_for_the_slow_node_only_and_every_pane
     missing = empty()
     assert missing == [], "panel queries without data:\n" + "\n".join(map(str, missing))
     print(f"alerts fired after {fired_after:.1f} s; {len(queries)} panel queries checked")
+
+
+@pytest.mark.parametrize(("served", "stored"), [("hostname", "Hostname"),
+                                                ("Hostname", "hostname")])
+def test_the_documented_relabel_rule_moves_between_host_labels_at_scrape_time(
+    served: str, stored: str, tmp_path: Path
+) -> None:
+    """An exporter serving one name is stored under the other: history and queries keep
+    the name they had (deploy/prometheus/host-label-migration.yml, docs/metrics.md)."""
+    snippets = yaml.safe_load(
+        (REPO / "deploy" / "prometheus" / "host-label-migration.yml").read_text())
+    exp = start_exporter(["--simulate", "2", "--hostname", "node-m", "--host-label", served,
+                          "--ingest", f"udp://127.0.0.1:{free_port(socket.SOCK_DGRAM)}"])
+    prom = None
+    try:
+        rules = SETS[stored][0]
+        prom = Prometheus(tmp_path, [exp.address], rules,
+                          metric_relabel_configs=snippets[f"to_{stored}"])
+        result = wait_for(lambda: prom.api(  # type: ignore[union-attr]
+            "query", query=f'DCGM_FI_DEV_GPU_UTIL{{{stored}="node-m"}}')["result"] or None,
+            timeout=30, interval=0.5)
+        assert len(result) == 2
+        assert all(served not in r["metric"] for r in result)
+        # the rules of the stored name work on the relabelled series
+        recorded = wait_for(lambda: prom.api(  # type: ignore[union-attr]
+            "query", query=f"{stored}:stepscope_gpu_info:count")["result"] or None,
+            timeout=30, interval=0.5)
+        assert recorded[0]["metric"][stored] == "node-m" and recorded[0]["value"][1] == "2"
+    finally:
+        if prom is not None:
+            prom.stop()
+        exp.stop()
