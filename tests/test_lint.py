@@ -14,7 +14,7 @@ from conftest import REPO
 @pytest.mark.parametrize(
     "cmd",
     [
-        ["ruff", "check", "exporter", "tests", "benchmarks", "dashboards"],
+        ["ruff", "check", "exporter", "tests", "benchmarks", "dashboards", "helm", "deploy"],
         ["mypy"],
     ],
     ids=["ruff", "mypy"],
