@@ -101,6 +101,8 @@ def test_unit_lifecycle_socket_directory_and_settings() -> None:
     assert svc["EnvironmentFile"] == ["-/etc/default/stepscope"]
     assert svc["ExecStart"] == ["/opt/stepscope/bin/stepscope serve"]
     assert _unit()["Install"]["WantedBy"] == ["multi-user.target"]
+    # file descriptors for max_connections (512 by default) and the rest, with room
+    assert int(svc["LimitNOFILE"][0]) >= 2 * 512
 
 
 def _words(values: list[str]) -> set[str]:

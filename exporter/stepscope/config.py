@@ -16,15 +16,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
 
 from stepscope.core.labels import HOST_LABEL, HOST_LABELS
-from stepscope.datagram import DEFAULT_INGEST, MAX_LABEL_LENGTH, Limits
+from stepscope.datagram import (
+    DEFAULT_INGEST,
+    MAX_LABEL_LENGTH,
+    IngestURLError,
+    Limits,
+    parse_ingest_url,
+)
 from stepscope.datagram import PRECISIONS as _PRECISIONS
 from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
 from stepscope.ingest.aggregate import TrainingSettings
+from stepscope.ingest.listener import IngestAccess
 from stepscope.yamltext import mapping_text
 
 
@@ -56,7 +62,14 @@ class Config:
     hostname: str = ""
     host_label: str = HOST_LABEL
     ingest: str = DEFAULT_INGEST
+    # who may report, and the socket's group and mode (docs/ingest.md#who-may-report)
+    ingest_allow_uids: frozenset[int] = TrainingSettings.allow_uids
+    ingest_allow_gids: frozenset[int] = TrainingSettings.allow_gids
+    ingest_group: int | None = IngestAccess.group
+    ingest_mode: int = IngestAccess.mode
     web_config: Path | None = None
+    max_connections: int = 512
+    http_request_timeout: float = 10.0
     hpc_job_dir: Path | None = None
     log_level: str = "info"
     log_format: str = "text"
@@ -137,21 +150,72 @@ def _parse_hostname(value: Any) -> str:
 
 
 def _parse_ingest(value: Any) -> str:
-    text = str(value).strip()
-    url = urlsplit(text)
-    if url.scheme == "unix":
-        if not url.path.startswith("/"):
-            raise ValueError("a unix socket URL needs an absolute path: unix:///run/x.sock")
-        return text
-    if url.scheme == "udp":
+    """The SDK's grammar (one module), and UDP only on loopback: it carries no sender."""
+    try:
+        address = parse_ingest_url(str(value))
+    except IngestURLError as exc:
+        raise ValueError(str(exc)) from None
+    if not address.is_loopback:
+        raise ValueError(
+            "udp:// ingest is unauthenticated (any host that reaches it could report "
+            "steps), so it binds loopback only: 127.0.0.1, [::1] or localhost"
+        )
+    return address.url
+
+
+def _parse_ids(kind: str) -> Callable[[Any], frozenset[int]]:
+    """A list of uids (``kind="user"``) or gids: numbers or names, a YAML list or
+    ``"1000,alice"`` (environment, flag)."""
+
+    def parse(value: Any) -> frozenset[int]:
+        items = value if isinstance(value, list) else str(value).replace(",", " ").split()
+        ids = {_id(kind, item) for item in items}
+        return frozenset(ids)
+
+    return parse
+
+
+def _id(kind: str, item: Any) -> int:
+    if isinstance(item, bool):
+        raise ValueError(f"expected {kind} names or numbers, got {item!r}")
+    text = str(item).strip()
+    if text.isascii() and text.isdigit():
+        n = int(text)
+        if n >= 1 << 32:
+            raise ValueError(f"{kind} id {n} is out of range")
+        return n
+    import grp
+    import pwd
+
+    try:
+        return pwd.getpwnam(text).pw_uid if kind == "user" else grp.getgrnam(text).gr_gid
+    except KeyError:
+        raise ValueError(f"no {kind} named {text!r} on this host (give the number)") from None
+
+
+def _parse_group(value: Any) -> int | None:
+    if value is None or str(value).strip() == "":
+        return None
+    return _id("group", value)
+
+
+def _parse_mode(value: Any) -> int:
+    """A file mode: an octal string (``"0660"``), or the number YAML 1.1 reads ``0660`` as."""
+    if isinstance(value, bool):
+        raise ValueError("expected an octal mode such as 0660")
+    if isinstance(value, int):
+        mode = value
+    else:
         try:
-            port = url.port
+            mode = int(str(value).strip(), 8)
         except ValueError:
-            raise ValueError("the port is not a number") from None
-        if not url.hostname or port is None:
-            raise ValueError("expected udp://HOST:PORT")
-        return text
-    raise ValueError("expected unix:///PATH or udp://HOST:PORT")
+            raise ValueError("expected an octal mode such as 0660") from None
+    if mode & ~0o666 or not mode & 0o200:
+        raise ValueError(
+            f"expected a mode from 0200 to 0666 without execute bits (got {mode:#o}); "
+            "write it as an octal string: '0660'"
+        )
+    return mode
 
 
 def _count(lo: int, hi: int, what: str) -> Callable[[Any], int]:
@@ -237,7 +301,13 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "hostname": _parse_hostname,
     "host_label": _parse_host_label,
     "ingest": _parse_ingest,
+    "ingest_allow_uids": _parse_ids("user"),
+    "ingest_allow_gids": _parse_ids("group"),
+    "ingest_group": _parse_group,
+    "ingest_mode": _parse_mode,
     "web_config": _parse_path,
+    "max_connections": _count(1, 65536, "connections"),
+    "http_request_timeout": _seconds(0.5, 600),
     "hpc_job_dir": _parse_path,
     "log_level": _parse_log_level,
     "log_format": _parse_log_format,
@@ -319,6 +389,13 @@ def load(
             raise ConfigError(f"{key}: {exc}, got {value!r} (from {origin})") from None
     values.setdefault("hostname", default_hostname(env))
     cfg = Config(config_file=path, **values)
+    if (cfg.ingest_allow_uids or cfg.ingest_allow_gids) and not parse_ingest_url(
+        cfg.ingest
+    ).is_unix:
+        raise ConfigError(
+            "ingest_allow_uids/ingest_allow_gids: need a unix:// ingest; a udp:// datagram "
+            f"carries no sender to check (ingest is {cfg.ingest})"
+        )
     if cfg.slow_interval < cfg.interval:
         raise ConfigError(
             f"slow_interval: must be at least interval ({cfg.interval:g} s), "

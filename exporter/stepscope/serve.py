@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from stepscope.config import Config, ConfigError, load
+from stepscope.core.guard import ConnectionGuard
 from stepscope.core.sampler import Sampler, SamplerSettings
 from stepscope.core.web import Page, make_app
 from stepscope.datagram import Limits
@@ -24,7 +25,7 @@ from stepscope.diagnose.api import diagnosis_json
 from stepscope.diagnose.page import status_page_html
 from stepscope.gpu.model import GpuBackend
 from stepscope.ingest.aggregate import Aggregator, TrainingSettings
-from stepscope.ingest.listener import IngestListener
+from stepscope.ingest.listener import IngestAccess, IngestListener
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS
 from stepscope.logformat import log_formatter
 from stepscope.sources import Sources, build_sources
@@ -52,6 +53,10 @@ def build_backend(cfg: Config) -> GpuBackend:
     return NvmlBackend()
 
 
+# aiohttp closes a connection idle this long after a response (Prometheus re-uses its
+# connection every scrape interval, at most a few minutes)
+KEEPALIVE_S = 75.0
+
 # The routes the diagnosis adds to the core's /metrics, /healthz and /readyz.
 PAGES = {
     "/": Page("text/html; charset=utf-8", status_page_html),
@@ -71,6 +76,8 @@ def training_settings_of(cfg: Config) -> TrainingSettings:
         peak_flops=(
             DATASHEET_PEAKS.with_overrides(cfg.peak_flops) if cfg.peak_flops else DATASHEET_PEAKS
         ),
+        allow_uids=cfg.ingest_allow_uids,
+        allow_gids=cfg.ingest_allow_gids,
     )
 
 
@@ -98,7 +105,9 @@ def reload_config(
     except ConfigError as exc:
         log.error("reload failed, keeping the running configuration: %s", exc)
         return current
-    for key in ("listen", "simulate", "scenario", "web_config", "ingest"):
+    for key in (
+        "listen", "simulate", "scenario", "web_config", "ingest", "ingest_group", "ingest_mode"
+    ):
         if getattr(new, key) != getattr(current, key):
             log.warning("reload: %s changed; it takes effect on restart", key)
     if (new.hpc_job_dir is None) != (sources.hpc_jobs is None):
@@ -128,27 +137,27 @@ async def run_server(
     web_cfg = load_web_config(cfg.web_config) if cfg.web_config else None
     loop = asyncio.get_running_loop()
     aggregator = Aggregator(training_settings_of(cfg))
-    ingest = IngestListener(cfg.ingest, aggregator)
+    ingest = IngestListener(
+        cfg.ingest, aggregator, IngestAccess(mode=cfg.ingest_mode, group=cfg.ingest_group)
+    )
     ingest.start(loop)  # a failure is logged once and served as stepscope_ingest_up 0
-    sources = build_sources(cfg, backend, aggregator)
+    guard = ConnectionGuard(cfg.max_connections, cfg.http_request_timeout, KEEPALIVE_S)
+    sources = build_sources(cfg, backend, aggregator, guard)
     sampler = Sampler(
         sources.registry, settings_of(cfg), build_labels={"backend": backend.name}
     )
     await asyncio.to_thread(sampler.sample_once)  # first scrape is never empty
     sampler.start()
     app = make_app(
-        sampler, middlewares=web_cfg.middlewares() if web_cfg else (), pages=PAGES
+        sampler,
+        middlewares=(guard.middleware, *(web_cfg.middlewares() if web_cfg else ())),
+        pages=PAGES,
     )
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE_S
+    )
     await runner.setup()
-    host = cfg.listen.host or None
-    site = web.TCPSite(
-        runner,
-        host,
-        cfg.listen.port,
-        ssl_context=web_cfg.ssl_context() if web_cfg else None,
-        reuse_address=True,
-    )
+    server: asyncio.Server | None = None
     stop = asyncio.Event()
     current = cfg
 
@@ -157,11 +166,19 @@ async def run_server(
         current = reload_config(current, flags, sampler, aggregator, sources)
 
     try:
-        await site.start()
+        # our own create_server (not TCPSite): the guard caps and times out connections
+        server = await loop.create_server(
+            guard.wrap(runner.server),  # type: ignore[arg-type]
+            cfg.listen.host or None,
+            cfg.listen.port,
+            ssl=web_cfg.ssl_context() if web_cfg else None,
+            reuse_address=True,
+        )
+        guard.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         loop.add_signal_handler(signal.SIGHUP, on_hup)
-        addrs = runner.addresses
+        addrs = [sock.getsockname() for sock in server.sockets]
         bound = f"{addrs[0][0]}:{addrs[0][1]}" if addrs else str(cfg.listen)
         scheme = "https" if web_cfg and web_cfg.tls else "http"
         log.info(
@@ -177,5 +194,8 @@ async def run_server(
         log.info("stopping")
     finally:
         ingest.close()
+        guard.stop()
+        if server is not None:
+            server.close()
         await runner.cleanup()
         await asyncio.to_thread(sampler.stop)

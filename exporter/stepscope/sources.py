@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from stepscope.attribution.hpc_jobs import HpcJobSource
 from stepscope.aws.source import NodeTopologySource
 from stepscope.config import Config
+from stepscope.core.guard import ConnectionGuard, HttpSource
 from stepscope.core.source import Registry
 from stepscope.diagnose.analysis import DiagnosisAnalysis
 from stepscope.gpu.model import GpuBackend
@@ -32,7 +33,12 @@ class Sources:
     hpc_jobs: HpcJobSource | None
 
 
-def build_sources(cfg: Config, backend: GpuBackend, aggregator: Aggregator) -> Sources:
+def build_sources(
+    cfg: Config,
+    backend: GpuBackend,
+    aggregator: Aggregator,
+    guard: ConnectionGuard | None = None,
+) -> Sources:
     """The exporter's sources for ``cfg``; the GPU source takes ownership of ``backend``."""
     registry = Registry()
     registry.register(GpuSource(backend))
@@ -41,5 +47,7 @@ def build_sources(cfg: Config, backend: GpuBackend, aggregator: Aggregator) -> S
     registry.register(RdmaSource())
     hpc = registry.register(HpcJobSource(cfg.hpc_job_dir)) if cfg.hpc_job_dir else None
     registry.register(NodeTopologySource())
+    if guard is not None:
+        registry.register(HttpSource(guard))
     diagnosis = registry.register_analysis(DiagnosisAnalysis(cfg.diagnosis))
     return Sources(registry, diagnosis, hpc)  # type: ignore[arg-type]
