@@ -26,7 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "datagram": set(),
     "yamltext": set(),
     "logformat": set(),
-    "healthcheck": set(),  # the image's HEALTHCHECK: standard library only
+    "healthcheck": {"config"},  # the image's HEALTHCHECK: reads the listen address
     "train": {"datagram"},
     **{s: {"core", "datagram"} for s in SOURCES},
     "diagnose": {"core", "datagram", "yamltext", *SOURCES},
