@@ -113,3 +113,10 @@ def test_config_is_immutable() -> None:
     cfg = Config()
     with pytest.raises(AttributeError):
         cfg.interval = 2  # type: ignore[misc]
+
+
+def test_a_key_given_twice_is_an_error_naming_it(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("interval: 1\nslow_interval: 10\ninterval: 5\n")
+    with pytest.raises(ConfigError, match="duplicate key 'interval'"):
+        load({"config": str(f)}, env={})

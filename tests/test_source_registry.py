@@ -93,8 +93,14 @@ def test_a_toy_source_shows_in_metrics_health_labels_and_the_diagnosis_document(
         async with TestClient(TestServer(app)) as client:
             text = await (await client.get("/metrics")).text()
             doc = json.loads(await (await client.get("/api/v1/diagnosis")).text())
-            page = await (await client.get("/")).text()
+            response = await client.get("/")
+            page = await response.text()
+            headers = response.headers
         assert "stepscope" in page
+        # the status page cannot be framed, sniffed or made to load anything
+        assert headers["X-Frame-Options"] == "DENY"
+        assert headers["X-Content-Type-Options"] == "nosniff"
+        assert "default-src 'none'" in headers["Content-Security-Policy"]
         return text, doc
 
     text, doc = asyncio.run(scrape())

@@ -31,7 +31,7 @@ from stepscope.datagram import PRECISIONS as _PRECISIONS
 from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
 from stepscope.ingest.aggregate import TrainingSettings
 from stepscope.ingest.listener import IngestAccess
-from stepscope.yamltext import mapping_text
+from stepscope.yamltext import mapping_text, strict_load
 
 
 class ConfigError(ValueError):
@@ -338,7 +338,7 @@ def _read_file(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path}: not UTF-8 text") from None
     try:
-        data = yaml.safe_load(text)
+        data = strict_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

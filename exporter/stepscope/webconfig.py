@@ -56,6 +56,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from stepscope.config import ConfigError
+from stepscope.yamltext import strict_load
 
 log = logging.getLogger(__name__)
 
@@ -714,25 +715,6 @@ def _response_headers(headers: Mapping[str, str]) -> Middleware:
 # --- parsing --------------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """YAML that refuses a key given twice, as Go's yaml.UnmarshalStrict does."""
-
-
-def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        with contextlib.suppress(TypeError):  # unhashable: the constructor reports it
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
-                )
-            seen.add(key)
-    loader.flatten_mapping(node)
-    return dict(loader.construct_pairs(node))
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
@@ -1007,7 +989,7 @@ def load_web_config(path: Path) -> WebConfig:
     """Read and validate the web config file, loading its certificates and proving a
     handshake works for each allowed TLS version; ConfigError names what is wrong."""
     try:
-        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_StrictLoader)
+        data = strict_load(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ConfigError(f"web_config: cannot read {path}: {exc.strerror}") from None
     except (yaml.YAMLError, UnicodeDecodeError) as exc:

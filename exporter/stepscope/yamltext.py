@@ -1,10 +1,42 @@
-"""Settings that are mappings can come from the environment as YAML/JSON text."""
+"""YAML as stepscope reads it: strict about duplicate keys; mapping settings from text.
+
+Every YAML file stepscope reads (the config file, the web config, mapping settings given
+as environment text) goes through :func:`strict_load`: a key given twice is an error, as
+Go's ``yaml.UnmarshalStrict`` (exporter-toolkit) makes it, never a silent last-one-wins.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import yaml
+
+
+class StrictLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a mapping key given twice."""
+
+
+def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        with contextlib.suppress(TypeError):  # unhashable: the constructor reports it
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+    loader.flatten_mapping(node)
+    return dict(loader.construct_pairs(node))
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def strict_load(text: str) -> Any:
+    """``yaml.safe_load`` that raises ``yaml.YAMLError`` on a duplicate key."""
+    return yaml.load(text, Loader=StrictLoader)
 
 
 def mapping_text(value: Any) -> Any:
@@ -13,6 +45,6 @@ def mapping_text(value: Any) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        return yaml.safe_load(value)
+        return strict_load(value)
     except yaml.YAMLError:
-        raise ValueError("expected a YAML/JSON mapping") from None
+        raise ValueError("expected a YAML/JSON mapping (each key once)") from None

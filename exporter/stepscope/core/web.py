@@ -21,6 +21,17 @@ from stepscope.core.snapshot import Published
 
 STALE_INTERVALS = 3.0
 
+# Every response: never sniffed into another type. Pages also: nothing framed, loaded or
+# run from anywhere (the status page is self-contained: inline CSS, no scripts).
+NOSNIFF = {"X-Content-Type-Options": "nosniff"}
+PAGE_SECURITY = {
+    **NOSNIFF,
+    "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+
 
 class SnapshotSource(Protocol):
     """Anything that holds the latest published snapshot (the Sampler)."""
@@ -71,7 +82,7 @@ def make_app(
         latest = source.latest
         if latest is None:
             return web.Response(status=503, text="no snapshot yet\n")
-        headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding"}
+        headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding", **NOSNIFF}
         if _accepts_gzip(request):
             headers["Content-Encoding"] = "gzip"
             return web.Response(body=latest.gzipped(), headers=headers)
@@ -92,7 +103,9 @@ def make_app(
                 body = page.render(None, reason)
             else:  # once per snapshot and readiness state: a stale page says it once
                 body = latest.memo((path, ok), lambda: page.render(latest, reason))
-            return web.Response(body=body, headers={"Content-Type": page.content_type})
+            return web.Response(
+                body=body, headers={"Content-Type": page.content_type, **PAGE_SECURITY}
+            )
 
         return handle
 
