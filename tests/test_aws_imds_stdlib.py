@@ -34,7 +34,7 @@ def test_the_exporter_serves_node_info_without_boto3_or_botocore(
     imds_full: FakeImds, tmp_path: Path
 ) -> None:
     exp = start_exporter(
-        ["--simulate", "1", "--hostname", "node-a", "--ingest", "udp://127.0.0.1:0"],
+        ["--simulate", "1", "--hostname", "node-a", "--ingest", f"unix://{tmp_path}/i.sock"],
         env={**_no_botocore(tmp_path), **_env(imds_full)},
     )
     try:

@@ -254,7 +254,7 @@ def test_image_install_has_its_extras_and_serves_simulated_gpus(image_venv: Path
     env.update(
         PYTHONUNBUFFERED="1",
         PATH=f"{image_venv / 'bin'}:{env.get('PATH', '')}",
-        STEPSCOPE_INGEST="udp://127.0.0.1:0",
+        STEPSCOPE_INGEST=f"unix://{image_venv}/ingest.sock",
         AWS_EC2_METADATA_DISABLED="true",
     )
     proc = subprocess.Popen(

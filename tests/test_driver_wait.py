@@ -105,7 +105,7 @@ def test_a_kernel_driver_loaded_after_start_while_nvml_still_fails_asks_for_a_re
 
 def _serve(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
-    env.update(AWS_EC2_METADATA_DISABLED="true", STEPSCOPE_INGEST="udp://127.0.0.1:0")
+    env.update(AWS_EC2_METADATA_DISABLED="true", STEPSCOPE_INGEST=f"unix://{tmp_path}/i.sock")
     return subprocess.run(
         [sys.executable, "-m", "stepscope", "serve", "--listen", "127.0.0.1:0", *args],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60,
@@ -157,7 +157,7 @@ def test_a_driver_that_arrives_while_the_service_waits_gets_served(tmp_path: Pat
     env.update(AWS_EC2_METADATA_DISABLED="true", PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
         [sys.executable, "-c", _LATE_DRIVER, str(marker), "--wait-for-driver", "120",
-         "--listen", "127.0.0.1:0", "--ingest", "udp://127.0.0.1:0"],
+         "--listen", "127.0.0.1:0", "--ingest", f"unix://{tmp_path}/i.sock"],
         stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
     )
     assert proc.stderr is not None

@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from pathlib import Path
 
 from conftest import start_exporter
 from stepscope.logformat import JsonFormatter
 
 
-def test_the_exporter_logs_one_json_object_per_line() -> None:
+def test_the_exporter_logs_one_json_object_per_line(tmp_path: Path) -> None:
     exp = start_exporter(
-        ["--simulate", "1", "--ingest", "udp://127.0.0.1:0", "--log-format", "json"],
+        ["--simulate", "1", "--ingest", f"unix://{tmp_path}/i.sock", "--log-format", "json"],
         env={"AWS_EC2_METADATA_DISABLED": "true"},
     )
     try:
