@@ -65,6 +65,7 @@ class Served:
     seconds: float
     phases: dict[str, float]
     mfu: float | None
+    mfu_status: str | None
 
 
 def served(exp: Exporter, job: str, ranks: int = 2) -> dict[str, Served]:
@@ -98,6 +99,10 @@ def served(exp: Exporter, job: str, ranks: int = 2) -> dict[str, Served]:
             seconds=one(fams, "stepscope_step_duration_seconds_sum", r) or 0.0,
             phases={p: float(v or 0.0) for p, v in phases.items()},
             mfu=one(fams, "stepscope_mfu_ratio", r),
+            mfu_status=next((lbl.get("mfu_status") for lbl, _ in
+                             fams.get("stepscope_training_rank_info", [])
+                             if lbl.get("training_job", lbl.get("job")) == job
+                             and lbl.get("rank") == r), None),
         )
     return out
 
@@ -118,7 +123,7 @@ def assert_same_series(plain: dict[str, Served], framework: dict[str, Served],
             assert run.phases["compute"] > 0
             if comm:
                 assert run.phases["comm"] > 0
-            assert run.mfu is not None
+            assert run.mfu is not None, run.mfu_status
             assert run.mfu == pytest.approx(run.flops / run.seconds / PEAK, rel=0.2)
         # the same workload takes about the same time and data wait either way
         p, f = plain[rank], framework[rank]
