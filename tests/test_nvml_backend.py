@@ -16,9 +16,13 @@ backend falls back to.
 from __future__ import annotations
 
 import ctypes
+import importlib
+import importlib.util
 import inspect
+import math
 import sys
 import time
+import types
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -26,10 +30,20 @@ from typing import Any
 
 import pynvml
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from stepscope.gpu.fields import CLOCK_EVENT_DURATION_KEYS, PROFILING_KEYS, SLOW_KEYS
+from stepscope.gpu import libnvml
+from stepscope.gpu.fields import (
+    CLOCK_EVENT_DURATION_KEYS,
+    FIELDS_BY_KEY,
+    GPM_METRICS,
+    PROFILING_KEYS,
+    SLOW_KEYS,
+)
+from stepscope.gpu.libnvml import Failure, classify
 from stepscope.gpu.model import GpuUnavailable, NoDriverError, Tier
-from stepscope.gpu.nvml import NvmlBackend
+from stepscope.gpu.nvml import FAST_FIELD_IDS, SLOW_FIELD_IDS, NvmlBackend
 
 FAST = frozenset({Tier.FAST})
 BOTH = frozenset({Tier.FAST, Tier.SLOW})
@@ -435,9 +449,12 @@ def test_real_pynvml_without_a_driver_raises_no_driver_error() -> None:
 
 
 def test_pynvml_not_installed_raises_no_driver_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # `stepscope serve` imports the backend where it handles NoDriverError: one line.
     monkeypatch.setitem(sys.modules, "pynvml", None)  # makes `import pynvml` fail
+    for module in ("stepscope.gpu.nvml", "stepscope.gpu.libnvml"):
+        monkeypatch.delitem(sys.modules, module)  # restored after the test
     with pytest.raises(NoDriverError, match="nvidia-ml-py"):
-        NvmlBackend()
+        importlib.import_module("stepscope.gpu.nvml")
 
 
 # ---------------------------------------------------------------- devices
@@ -848,3 +865,205 @@ def test_gpu_without_xid_support_is_skipped_and_others_still_report() -> None:
     fake.pending_events.append((1, 31))
     assert [(e.index, e.xid) for e in backend.events()] == [(1, 31)]
     assert backend.read(0, FAST).values["gpu_util"] == 97
+
+
+def test_an_unsupported_field_values_call_does_not_count_as_an_answer() -> None:
+    # With its batch emptied, a GPU whose every call says "unknown" still reads down.
+    gpu = FakeGpu(fail={"nvmlDeviceGetFieldValues": pynvml.NVML_ERROR_NOT_SUPPORTED})
+    backend, fake = backend_for(gpu, clock=(clock := FakeClock()))
+    assert backend.read(0, FAST).errors == 0
+    unknown = pynvml.NVML_ERROR_UNKNOWN
+    gpu.fail.update({name: unknown for name in (
+        "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetClockInfo", "nvmlDeviceGetTemperature",
+        "nvmlDeviceGetPowerUsage", "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetCurrentClocksEventReasons", "nvmlGpmSampleGet")})
+    clock.now += 1
+    with pytest.raises(GpuUnavailable, match="Unknown"):
+        backend.read(0, FAST)
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 1  # once, then never
+
+
+def test_a_field_value_that_changes_is_read_anew() -> None:
+    gpu = FakeGpu()
+    backend, _ = backend_for(gpu)
+    assert [backend.read(0, FAST).values["memory_temp"] for _ in range(2)] == [41, 41]
+    gpu.fields[pynvml.NVML_FI_DEV_MEMORY_TEMP] = (UINT, 44)
+    assert backend.read(0, FAST).values["memory_temp"] == 44
+    gpu.fields[pynvml.NVML_FI_DEV_MEMORY_TEMP] = (DOUBLE, 45.5)  # another value type
+    assert backend.read(0, FAST).values["memory_temp"] == 45.5
+    assert backend.read(0, FAST).values["memory_temp"] == 45.5
+
+
+# GPM answers: finite, NaN and infinite, negative and above 100 %, as a driver can give.
+_GPM_VALUES = st.one_of(
+    st.floats(min_value=-10.0, max_value=200.0),
+    st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 100.0, 1e300]),
+)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(_GPM_VALUES, min_size=len(GPM_METRICS), max_size=len(GPM_METRICS)),
+       failing=st.sets(st.sampled_from([m for m, _, _ in GPM_METRICS]), max_size=2))
+def test_gpm_values_are_scaled_clamped_and_non_finite_ones_left_out(
+    values: list[float], failing: set[int],
+) -> None:
+    # What a reader of docs/metrics.md expects, computed the plain way: a metric that
+    # failed or is not finite is absent; the rest are scaled; ratios are clamped to 0-1.
+    gpu = FakeGpu(gpm_values={m: v for (m, _, _), v in zip(GPM_METRICS, values, strict=True)},
+                  gpm_errors=dict.fromkeys(failing, pynvml.NVML_ERROR_UNKNOWN))
+    clock = FakeClock()
+    backend, _ = backend_for(gpu, clock=clock)
+    clock.now += 1
+    got = backend.read(0, BOTH).values
+    expected = {}
+    for (metric_id, key, scale), value in zip(GPM_METRICS, values, strict=True):
+        if metric_id in failing or not math.isfinite(value):
+            continue
+        value *= scale
+        if FIELDS_BY_KEY[key].unit == "ratio":
+            value = min(max(value, 0.0), 1.0)
+        expected[key] = value
+    assert {k: got[k] for k in PROFILING_KEYS & got.keys()} == expected
+    for key in expected:  # the same float, not merely a close one (-0.0 stays -0.0)
+        assert math.copysign(1.0, got[key]) == math.copysign(1.0, expected[key])
+
+
+# ---------------------------------------------------------------- libnvml
+
+
+@pytest.mark.parametrize(
+    ("code", "failure", "per_value"),
+    [
+        (pynvml.NVML_ERROR_NOT_SUPPORTED, Failure.UNSUPPORTED, Failure.UNSUPPORTED),
+        (pynvml.NVML_ERROR_FUNCTION_NOT_FOUND, Failure.UNSUPPORTED, Failure.UNSUPPORTED),
+        (pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH, Failure.UNSUPPORTED, Failure.UNSUPPORTED),
+        (pynvml.NVML_ERROR_DEPRECATED, Failure.UNSUPPORTED, Failure.UNSUPPORTED),
+        # a field id this driver does not know: only inside a batch does it mean that
+        (pynvml.NVML_ERROR_INVALID_ARGUMENT, Failure.ERROR, Failure.UNSUPPORTED),
+        (pynvml.NVML_ERROR_GPU_IS_LOST, Failure.GPU_LOST, Failure.GPU_LOST),
+        (pynvml.NVML_ERROR_GPU_NOT_FOUND, Failure.GPU_LOST, Failure.GPU_LOST),
+        (pynvml.NVML_ERROR_RESET_REQUIRED, Failure.GPU_LOST, Failure.GPU_LOST),
+        (pynvml.NVML_ERROR_UNINITIALIZED, Failure.GPU_LOST, Failure.GPU_LOST),
+        (pynvml.NVML_ERROR_UNKNOWN, Failure.UNKNOWN, Failure.UNKNOWN),
+        (pynvml.NVML_ERROR_TIMEOUT, Failure.ERROR, Failure.ERROR),
+        (pynvml.NVML_ERROR_NO_PERMISSION, Failure.ERROR, Failure.ERROR),
+        (pynvml.NVML_ERROR_NO_DATA, Failure.ERROR, Failure.ERROR),
+        (-1, Failure.ERROR, Failure.ERROR),  # an exception that is not an NVML error
+    ],
+)
+def test_error_policy_says_what_each_nvml_error_means(
+    code: int, failure: Failure, per_value: Failure,
+) -> None:
+    assert classify(code) is failure
+    assert classify(code, per_value=True) is per_value
+
+
+def test_error_code_of_pynvml_and_other_exceptions() -> None:
+    assert libnvml.error_code(nvml_error(pynvml.NVML_ERROR_GPU_IS_LOST)) == 15
+    assert libnvml.error_code(RuntimeError("broken binding")) == -1
+
+
+def _libnvml_names() -> list[str]:
+    return [name for name in vars(libnvml)
+            if name.startswith(("NVML_", "nvmlEventType")) and hasattr(pynvml, name)]
+
+
+@pytest.mark.parametrize("name", _libnvml_names())
+def test_code_tables_are_pynvmls_own_constants(name: str) -> None:
+    assert getattr(libnvml, name) == getattr(pynvml, name)
+
+
+def test_every_code_libnvml_names_is_one_pynvml_has() -> None:
+    names = [n for n in vars(libnvml) if n.startswith(("NVML_", "nvmlEventType"))]
+    assert len(names) == len(_libnvml_names()) > 50
+
+
+def test_field_ids_read_are_pynvmls_named_field_ids() -> None:
+    by_key = {key: fid for fid, key in FAST_FIELD_IDS + SLOW_FIELD_IDS}
+    assert by_key == {
+        "memory_temp": pynvml.NVML_FI_DEV_MEMORY_TEMP,
+        "ecc_sbe_vol_total": pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL,
+        "ecc_dbe_vol_total": pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+        "ecc_sbe_agg_total": pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL,
+        "ecc_dbe_agg_total": pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL,
+        "correctable_remapped_rows": pynvml.NVML_FI_DEV_REMAPPED_COR,
+        "uncorrectable_remapped_rows": pynvml.NVML_FI_DEV_REMAPPED_UNC,
+        "row_remap_pending": pynvml.NVML_FI_DEV_REMAPPED_PENDING,
+        "row_remap_failure": pynvml.NVML_FI_DEV_REMAPPED_FAILURE,
+        "clock_event_ns.sw_power_cap": SW_POWER,
+        "clock_event_ns.sync_boost": SYNC_BOOST,
+        "clock_event_ns.sw_thermal_slowdown": SW_THERM,
+        "clock_event_ns.hw_thermal_slowdown": HW_THERM,
+        "clock_event_ns.hw_power_brake_slowdown": POWER_BRAKE,
+        "board_limit_violation": BOARD_LIMIT,
+        "pcie_replay": pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER,
+    }
+
+
+def test_gpm_metric_ids_of_the_field_table_are_pynvmls() -> None:
+    # gpu/fields.py holds the ids as numbers (it must not import pynvml).
+    names = {
+        "gr_engine_active": "GRAPHICS_UTIL", "sm_active": "SM_UTIL",
+        "sm_occupancy": "SM_OCCUPANCY", "pipe_tensor_active": "ANY_TENSOR_UTIL",
+        "pipe_tensor_dfma_active": "DFMA_TENSOR_UTIL",
+        "pipe_tensor_hmma_active": "HMMA_TENSOR_UTIL",
+        "pipe_tensor_imma_active": "IMMA_TENSOR_UTIL", "dram_active": "DRAM_BW_UTIL",
+        "pipe_fp64_active": "FP64_UTIL", "pipe_fp32_active": "FP32_UTIL",
+        "pipe_fp16_active": "FP16_UTIL", "pcie_tx_bytes": "PCIE_TX_PER_SEC",
+        "pcie_rx_bytes": "PCIE_RX_PER_SEC", "nvlink_rx_bytes": "NVLINK_TOTAL_RX_PER_SEC",
+        "nvlink_tx_bytes": "NVLINK_TOTAL_TX_PER_SEC",
+    }
+    assert {key: metric_id for metric_id, key, _ in GPM_METRICS} == {
+        key: getattr(pynvml, f"NVML_GPM_METRIC_{name}") for key, name in names.items()}
+
+
+# What nvidia-ml-py 12.535 (the oldest the package allows) does not define.
+_NOT_IN_12_535 = (
+    "NVML_ERROR_GPU_NOT_FOUND",
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP",
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST",
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+    "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
+    "NVML_VALUE_TYPE_UNSIGNED_SHORT",
+)
+
+
+def test_with_an_old_pynvml_the_missing_codes_default_to_nvml_h(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    old = types.ModuleType("pynvml")
+    old.__dict__.update({k: v for k, v in vars(pynvml).items() if k not in _NOT_IN_12_535})
+    monkeypatch.setitem(sys.modules, "pynvml", old)
+    # a private copy of the module: the backend keeps using the real one
+    spec = importlib.util.spec_from_file_location("libnvml_on_old_pynvml", libnvml.__file__)
+    assert spec is not None and spec.loader is not None
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    for name in _NOT_IN_12_535:
+        assert getattr(copy, name) == getattr(pynvml, name), name
+    assert copy.GPU_LOST_CODES == libnvml.GPU_LOST_CODES
+
+
+def test_field_value_array_decodes_every_value_type() -> None:
+    kinds = {  # nvmlValueType_t -> (member of the value union, a value)
+        pynvml.NVML_VALUE_TYPE_DOUBLE: ("dVal", -2.5),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: ("uiVal", 2**32 - 1),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: ("ulVal", 2**63 + 1),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: ("ullVal", 2**64 - 1),
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: ("sllVal", -(2**62)),
+        pynvml.NVML_VALUE_TYPE_SIGNED_INT: ("siVal", -7),
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: ("usVal", 65535),
+    }
+    request = libnvml.FieldValueArray(range(100, 100 + len(kinds)))
+    assert request.values() is None  # no types learnt yet
+    for entry, (kind, (member, value)) in zip(request.array, kinds.items(), strict=True):
+        entry.valueType, entry.nvmlReturn = kind, pynvml.NVML_SUCCESS
+        setattr(entry.value, member, value)
+    expected = [float(value) for _, value in kinds.values()]
+    assert [value for _, _, value in request.answers()] == expected
+    assert list(map(float, request.values() or ())) == expected  # learnt: one unpack
+    request.array[1].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+    assert request.values() is None
+    assert request.answers()[1] == (101, pynvml.NVML_ERROR_NOT_SUPPORTED, None)
