@@ -2,21 +2,21 @@
 
 Times every NVML call NvmlBackend makes (100 samples each) and full FAST / SLOW
 reads through NvmlBackend, printing p50 wall and CPU (thread) time per call. The
-last lines compare a FAST read with the sum of its NVML calls: the design target
-is the exporter's sampling CPU within 1.2x the NVML calls' own cost. GRAPHICS_UTIL
-(gr_engine_active) dominates GPM's cost, so the FAST read is also timed with that
-metric moved to the SLOW tier.
+last table compares each read with the sum of its bare C calls: "FAST read / bare C
+calls" is the ratio the design targets (the exporter's sampling CPU within 1.2x the
+NVML calls' own cost).
 
-How the "NVML calls alone" baseline is measured: each C function is called
-directly through its function pointer (``pynvml._nvmlGetFunctionPointer``,
-resolved once) with its output buffer and by-reference argument built beforehand,
-so the row is the C call plus the bare ctypes call, the least any Python caller
-pays; pynvml's wrappers (lookup, allocation, return check) are not in it (their
-cost is printed on an information row). GPM is timed the same way, with only the
-sample swap the backend needs between calls. Calls that cost under 200 µs are timed
-in batches of 10 between two clock reads, so the per-row cost of reading the
-thread CPU clock (a system call) does not pad the baseline; NvmlBackend reads are
-timed the same way.
+How the "bare C calls" baseline is measured: each C function is called directly
+through its function pointer (``pynvml._nvmlGetFunctionPointer``, resolved once)
+with its output buffer and by-reference argument built beforehand, so the row is
+the C call plus the bare ctypes call, the least any Python caller pays; pynvml's
+wrappers (lookup, allocation, return check) are not in it (their cost is printed on
+information rows). The calls are the backend's own tables (``FAST_GETTERS``,
+``SLOW_GETTERS``, ``FAST_FIELD_IDS``, ``SLOW_FIELD_IDS``), and GPM is timed with the
+metrics the field table puts on each tier, with only the sample swap the backend
+needs between calls. Calls that cost under 200 µs are timed in batches of 10
+between two clock reads, so the per-row cost of reading the thread CPU clock (a
+system call) does not pad the baseline; NvmlBackend reads are timed the same way.
 
     python3 benchmarks/nvml_call_cost.py [--device N] [--calls 100]
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import statistics
 import sys
 import time
@@ -36,19 +37,20 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
 
-from stepscope.gpu import nvml as nvml_module
-from stepscope.gpu.fields import GPM_METRICS
+from stepscope.gpu import libnvml
+from stepscope.gpu.fields import FIELDS_BY_KEY, GPM_METRICS
 from stepscope.gpu.model import NoDriverError, Tier
 from stepscope.gpu.nvml import (
     FAST_FIELD_IDS,
+    FAST_GETTERS,
     SLOW_FIELD_IDS,
+    SLOW_GETTERS,
+    GetterSpec,
     NvmlBackend,
-    _plain_ctype,
 )
 
 Row = tuple[str, float, float, str]
-GRAPHICS_UTIL = 1  # NVML_GPM_METRIC_GRAPHICS_UTIL, gr_engine_active
-
+TARGET = 1.2  # FAST read / bare C calls, CPU
 
 BATCH = 10  # calls per sample for calls under BATCH_BELOW_US
 BATCH_BELOW_US = 200.0
@@ -84,45 +86,34 @@ def measure(name: str, call: Callable[[], Any], n: int) -> Row:
     return name, statistics.median(walls), statistics.median(cpus), note
 
 
-def c_call(nv: Any, symbols: tuple[str, ...], *args: Any, out: Any) -> Callable[[], int]:
-    """A C getter called directly: ``fn(*args, byref(out))``, resolved and built once.
+def c_getter(nv: Any, spec: GetterSpec, handle: Any) -> Callable[[], int]:
+    """``spec``'s C function called directly: ``fn(handle, [arg,] byref(out))``.
 
-    Raises (so the row notes it) when the call does not answer NVML_SUCCESS.
+    Raises (so the row notes it) when no symbol resolves or the call does not answer
+    NVML_SUCCESS.
     """
-    fn = None
-    for symbol in symbols:
-        try:
-            fn = nv._nvmlGetFunctionPointer(symbol)
-            break
-        except nv.NVMLError:
-            continue
+    fn = libnvml.resolve(nv, *spec.symbols)
     if fn is None:
         raise nv.NVMLError(nv.NVML_ERROR_FUNCTION_NOT_FOUND)
-    call_args = (*args, ctypes.byref(out))
-    ret: int = fn(*call_args)
+    out = spec.output()
+    args = (handle, ctypes.byref(out)) if spec.argument is None else (
+        handle, spec.argument, ctypes.byref(out))
+    ret: int = fn(*args)
     if ret != nv.NVML_SUCCESS:
         raise nv.NVMLError(ret)
-    return lambda: fn(*call_args)
+    return lambda: fn(*args)
 
 
-def report(what: str, parts: list[Row], read: Row) -> None:
-    """Compare a read through NvmlBackend with the sum of its NVML calls."""
-    nvml_cpu = sum(r[2] for r in parts)
-    nvml_wall = sum(r[1] for r in parts)
-    print(f"{what}: NVML calls alone {nvml_cpu:.1f} µs CPU / {nvml_wall:.1f} µs wall; "
-          f"through NvmlBackend {read[2]:.1f} µs CPU / {read[1]:.1f} µs wall; "
-          f"ratio {read[2] / nvml_cpu if nvml_cpu else float('nan'):.2f}x CPU (target <= 1.2x)")
+def c_field_values(nv: Any, handle: Any, fields: tuple[tuple[int, str], ...]) -> Callable[[], int]:
+    """``nvmlDeviceGetFieldValues`` called directly with an array built once."""
+    fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
+    request = libnvml.FieldValueArray([fid for fid, _ in fields])
+    return lambda: fn(handle, request.count, request.array)
 
 
-class SteppingClock:
-    """A monotonic clock that moves 1 s per call, so every read computes GPM."""
-
-    def __init__(self) -> None:
-        self.now = time.monotonic()
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
+def gpm_ids(tiers: frozenset[Tier]) -> list[int]:
+    """The GPM metric ids a read of ``tiers`` computes (the field table's tiers)."""
+    return [m for m, key, _ in GPM_METRICS if FIELDS_BY_KEY[key].tier in tiers]
 
 
 def main() -> int:
@@ -130,12 +121,14 @@ def main() -> int:
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--calls", type=int, default=100)
     args = parser.parse_args()
+    # A clock that moves 1 s per call, so every read computes GPM; a C function, as
+    # time.monotonic is in the exporter.
     try:
-        backend = NvmlBackend(clock=SteppingClock())
+        backend = NvmlBackend(clock=itertools.count(time.monotonic(), 1.0).__next__)
     except NoDriverError as exc:
         print(f"no NVIDIA driver: {exc}", file=sys.stderr)
         return 2
-    import pynvml as nv
+    nv = libnvml.pynvml
 
     n, index = args.calls, args.device
     info = backend.devices()[index]
@@ -143,44 +136,28 @@ def main() -> int:
     print(f"GPU {index}: {info.name} {info.uuid} driver {info.driver_version} "
           f"profiling={info.profiling_supported} mig={info.mig_mode}")
 
-    fast_ids = [fid for fid, _ in FAST_FIELD_IDS]
-    slow_ids = [fid for fid, _ in SLOW_FIELD_IDS]
-    field_fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
-    plain_value = _plain_ctype(nv.c_nvmlFieldValue_t)
-
-    def direct(ids: list[int]) -> Callable[[], None]:
-        array = (plain_value * len(ids))()
-        for i, fid in enumerate(ids):
-            array[i].fieldId = fid
-        count = ctypes.c_int32(len(ids))
-        return lambda: field_fn(h, count, array)
-
-    uint, ull = ctypes.c_uint, ctypes.c_ulonglong
-    getters: list[tuple[str, tuple[str, ...], tuple[Any, ...], Any]] = [
-        ("nvmlDeviceGetUtilizationRates", ("nvmlDeviceGetUtilizationRates",), (h,),
-         _plain_ctype(nv.c_nvmlUtilization_t)()),
-        ("nvmlDeviceGetClockInfo(SM)", ("nvmlDeviceGetClockInfo",), (h, nv.NVML_CLOCK_SM),
-         uint()),
-        ("nvmlDeviceGetClockInfo(MEM)", ("nvmlDeviceGetClockInfo",), (h, nv.NVML_CLOCK_MEM),
-         uint()),
-        ("nvmlDeviceGetTemperature(GPU)", ("nvmlDeviceGetTemperature",),
-         (h, nv.NVML_TEMPERATURE_GPU), uint()),
-        ("nvmlDeviceGetPowerUsage", ("nvmlDeviceGetPowerUsage",), (h,), uint()),
-        ("nvmlDeviceGetMemoryInfo", ("nvmlDeviceGetMemoryInfo",), (h,),
-         _plain_ctype(nv.c_nvmlMemory_t)()),
-        ("nvmlDeviceGetCurrentClocksEventReasons", ("nvmlDeviceGetCurrentClocksEventReasons",
-         "nvmlDeviceGetCurrentClocksThrottleReasons"), (h,), ull()),
-    ]
     rows: list[Row] = []
-    fast_calls: list[tuple[str, Callable[[], Any]]] = []
-    for name, symbols, getter_args, out in getters:
-        try:
-            fast_calls.append((f"{name} (C)", c_call(nv, symbols, *getter_args, out=out)))
-        except nv.NVMLError as exc:  # unsupported here: noted, not in the baseline
-            rows.append((f"{name} (C)", 0.0, 0.0, f"{type(exc).__name__}: {exc}"))
-    fast_calls.append(
-        (f"nvmlDeviceGetFieldValues FAST x{len(fast_ids)} (C, reused array)", direct(fast_ids)))
-    rows += [measure(name, call, n) for name, call in fast_calls]
+    # What each read's baseline sums: rows that timed without an error.
+    baseline: dict[str, list[Row]] = {"FAST": [], "SLOW": []}
+
+    def timed(tier: str, name: str, call: Callable[[], Any]) -> None:
+        row = measure(name, call, n)
+        rows.append(row)
+        if not row[3]:
+            baseline[tier].append(row)
+
+    for tier, specs, fields in (("FAST", FAST_GETTERS, FAST_FIELD_IDS),
+                                ("SLOW", SLOW_GETTERS, SLOW_FIELD_IDS)):
+        for spec in specs:
+            name = f"{spec.symbols[0]}({spec.name}) (C)"
+            try:
+                timed(tier, name, c_getter(nv, spec, h))
+            except nv.NVMLError as exc:  # unsupported here: noted, not in the baseline
+                rows.append((name, 0.0, 0.0, f"{type(exc).__name__}: {exc}"))
+        timed(tier, f"nvmlDeviceGetFieldValues {tier} x{len(fields)} (C, reused array)",
+              c_field_values(nv, h, fields))
+
+    fast_ids = [fid for fid, _ in FAST_FIELD_IDS]
 
     def wrappers() -> None:
         nv.nvmlDeviceGetUtilizationRates(h)
@@ -191,106 +168,83 @@ def main() -> int:
         nv.nvmlDeviceGetMemoryInfo(h)
         nv.nvmlDeviceGetCurrentClocksEventReasons(h)
 
-    info_rows: list[Row] = [
-        measure("  [info] the seven getters above via pynvml wrappers", wrappers, n),
+    rows += [
+        measure(f"  [info] the {len(FAST_GETTERS)} FAST getters via pynvml wrappers",
+                wrappers, n),
         measure(f"  [info] FieldValues FAST x{len(fast_ids)} via pynvml wrapper",
                 lambda: nv.nvmlDeviceGetFieldValues(h, fast_ids), n),
+        *(measure(f"  [info] nvmlDeviceGetFieldValues x1 ({key})",
+                  c_field_values(nv, h, ((fid, key),)), n) for fid, key in SLOW_FIELD_IDS),
     ]
-    rows += info_rows
 
-    gpm_rows: list[Row] = []
-    gpm_full: Row | None = None
-    gpm_cheap: Row | None = None
     if info.profiling_supported:
-        samples = [nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc()]
+        samples = (nv.nvmlGpmSampleAlloc(), nv.nvmlGpmSampleAlloc())
         sample_get = nv._nvmlGetFunctionPointer("nvmlGpmSampleGet")
         metrics_get = nv._nvmlGetFunctionPointer("nvmlGpmMetricsGet")
-        gpm_rows.append(measure("nvmlGpmSampleGet (C)",
-                                lambda: sample_get(h, samples[1]), n))
+        nv.nvmlGpmSampleGet(h, samples[0])
 
         def sample_and_compute(ids: list[int]) -> Callable[[], Any]:
-            # As the backend does it, C functions called directly: a new sample,
-            # the metrics since the previous one, swap.
-            request = _plain_ctype(nv.c_nvmlGpmMetricsGet_t)()
-            request.version = nv.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(ids)
-            for i, metric_id in enumerate(ids):
-                request.metrics[i].metricId = metric_id
-            ref = ctypes.byref(request)
-            nv.nvmlGpmSampleGet(h, samples[0])
+            # As the backend does it, C functions called directly: a new sample, the
+            # metrics since the previous one, swap.
+            request = libnvml.GpmMetricsRequest(ids, samples)
+            swapped = [False]
 
             def call() -> None:
-                sample_get(h, samples[1])
-                request.sample1, request.sample2 = samples
-                ret = metrics_get(ref)
-                samples.reverse()
+                newer = samples[not swapped[0]]
+                sample_get(h, newer)
+                request.set_order(swapped[0])
+                ret = metrics_get(request.ref)
+                swapped[0] = not swapped[0]
                 if ret != nv.NVML_SUCCESS:
                     raise nv.NVMLError(ret)
 
             return call
 
-        all_ids = [metric_id for metric_id, _, _ in GPM_METRICS]
-        cheap_ids = [m for m in all_ids if m != GRAPHICS_UTIL]
-        gpm_full = measure(f"nvmlGpmSampleGet + nvmlGpmMetricsGet x{len(all_ids)}",
-                           sample_and_compute(all_ids), n)
-        gpm_cheap = measure(f"nvmlGpmSampleGet + nvmlGpmMetricsGet x{len(cheap_ids)} "
-                            "(all but gr_engine_active)", sample_and_compute(cheap_ids), n)
-        gpm_rows += [gpm_full, gpm_cheap]
-        gpm_rows += [measure(f"  nvmlGpmSampleGet + nvmlGpmMetricsGet x1 ({key})",
-                             sample_and_compute([metric_id]), n)
-                     for metric_id, key, _ in GPM_METRICS]
+        rows.append(measure("  [info] nvmlGpmSampleGet (C)",
+                            lambda: sample_get(h, samples[1]), n))
+        for tier, tiers in (("FAST", frozenset({Tier.FAST})), ("SLOW", frozenset({Tier.SLOW}))):
+            ids = gpm_ids(tiers)
+            timed(tier, f"nvmlGpmSampleGet + nvmlGpmMetricsGet x{len(ids)} ({tier} metrics)",
+                  sample_and_compute(ids))
+        rows += [measure(f"  [info] nvmlGpmSampleGet + nvmlGpmMetricsGet x1 ({key})",
+                         sample_and_compute([metric_id]), n)
+                 for metric_id, key, _ in GPM_METRICS]
         for sample in samples:
             nv.nvmlGpmSampleFree(sample)
-    rows += gpm_rows
 
-    slow_rows: list[Row] = [
-        measure("nvmlDeviceGetTotalEnergyConsumption",
-                lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h), n),
-        measure(f"nvmlDeviceGetFieldValues SLOW x{len(slow_ids)} (C, reused array)",
-                direct(slow_ids), n),
-        *(measure(f"  nvmlDeviceGetFieldValues x1 ({key})", direct([fid]), n)
-          for fid, key in SLOW_FIELD_IDS),
-    ]
     def violation(policy: int) -> Callable[[], Any]:
         return lambda: nv.nvmlDeviceGetViolationStatus(h, policy)
 
     for name in ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT"):
-        slow_rows.append(measure(f"nvmlDeviceGetViolationStatus({name}) [fallback]",
-                                 violation(getattr(nv, f"NVML_PERF_POLICY_{name}")), n))
-    rows += slow_rows
+        rows.append(measure(f"  [info] nvmlDeviceGetViolationStatus({name}) (fallback)",
+                            violation(getattr(nv, f"NVML_PERF_POLICY_{name}")), n))
     rows.append(measure("nvmlEventSetWait_v2(timeout 0) via events()", backend.events, n))
 
     backend.read(index, frozenset({Tier.FAST, Tier.SLOW}))  # learn what is unsupported
-    fast_read = measure("NvmlBackend.read(FAST) incl. GPM compute",
-                        lambda: backend.read(index, frozenset({Tier.FAST})), n)
-    slow_read = measure("NvmlBackend.read(SLOW)",
-                        lambda: backend.read(index, frozenset({Tier.SLOW})), n)
-    both_read = measure("NvmlBackend.read(FAST+SLOW)",
-                        lambda: backend.read(index, frozenset({Tier.FAST, Tier.SLOW})), n)
-    rows += [fast_read, slow_read, both_read]
+    reads = {
+        "FAST": measure("NvmlBackend.read(FAST)",
+                        lambda: backend.read(index, frozenset({Tier.FAST})), n),
+        "SLOW": measure("NvmlBackend.read(SLOW)",
+                        lambda: backend.read(index, frozenset({Tier.SLOW})), n),
+    }
+    rows += [*reads.values(), measure("NvmlBackend.read(FAST+SLOW)", lambda: backend.read(
+        index, frozenset({Tier.FAST, Tier.SLOW})), n)]
     backend.close()
-
-    # The same FAST read with gr_engine_active moved to the SLOW tier (what a change
-    # of its FieldSpec tier would give): GRAPHICS_UTIL dominates the GPM cost.
-    key, scale, ratio, _ = nvml_module._GPM_KEYS[GRAPHICS_UTIL]
-    nvml_module._GPM_KEYS[GRAPHICS_UTIL] = (key, scale, ratio, Tier.SLOW)
-    light = NvmlBackend(clock=SteppingClock())
-    light.read(index, frozenset({Tier.FAST, Tier.SLOW}))
-    light_read = measure("NvmlBackend.read(FAST), gr_engine_active on SLOW",
-                         lambda: light.read(index, frozenset({Tier.FAST})), n)
-    rows.append(light_read)
-    light.close()
 
     width = max(len(r[0]) for r in rows)
     print(f"{'call':<{width}}  {'µs wall p50':>12}  {'µs CPU p50':>11}")
     for name, wall, cpu, note in rows:
         print(f"{name:<{width}}  {wall:>12.1f}  {cpu:>11.1f}  {note}")
 
-    # The baseline: the C calls of a FAST read (getters and field values), plus GPM.
-    base = [r for r in rows if r[0] in {name for name, _ in fast_calls} and not r[3]]
-    report("FAST read", base + ([gpm_full] if gpm_full else []), fast_read)
-    if gpm_cheap is not None:
-        report("FAST read, gr_engine_active on SLOW", [*base, gpm_cheap], light_read)
+    print()
+    print(f"{'read / bare C calls':<28}  {'bare C µs CPU':>13}  {'read µs CPU':>11}  "
+          f"{'Python µs':>9}  {'ratio':>6}  target")
+    for tier, read in reads.items():
+        bare = sum(row[2] for row in baseline[tier])
+        ratio = read[2] / bare if bare else float("nan")
+        target = f"<= {TARGET:.2f}x" if tier == "FAST" else "-"
+        print(f"{tier + ' read / bare C calls':<28}  {bare:>13.1f}  {read[2]:>11.1f}  "
+              f"{read[2] - bare:>9.1f}  {ratio:>5.2f}x  {target}")
     return 0
 
 
