@@ -12,9 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from stepscope.gpu import libnvml
 from stepscope.gpu.fields import FIELDS_BY_KEY, PROFILING_KEYS
 from stepscope.gpu.model import NoDriverError, Tier
-from stepscope.gpu.nvml import NvmlBackend
+from stepscope.gpu.nvml import FAST_GETTERS, SLOW_GETTERS, NvmlBackend
 
 pytestmark = pytest.mark.gpu
 
@@ -49,6 +50,16 @@ def test_every_gpu_is_listed_with_its_identity(backend: NvmlBackend) -> None:
         assert gpu.driver_version
         assert gpu.memory_total_mib and gpu.memory_total_mib > 0
         assert gpu.mig_mode in {"enabled", "disabled", "unsupported"}
+
+
+def test_every_per_read_call_goes_straight_to_the_driver(backend: NvmlBackend) -> None:
+    # A symbol that does not resolve falls back to pynvml's wrapper: correct, but it
+    # costs about as much again as the call (see benchmarks/nvml_call_cost.py).
+    symbols = [spec.symbols for spec in FAST_GETTERS + SLOW_GETTERS]
+    symbols.append(("nvmlDeviceGetFieldValues",))
+    if any(gpu.profiling_supported for gpu in backend.devices()):
+        symbols += [("nvmlGpmSampleGet",), ("nvmlGpmMetricsGet",)]
+    assert [s for s in symbols if libnvml.resolve(libnvml.pynvml, *s) is None] == []
 
 
 def test_fast_and_slow_tiers_read_their_keys(backend: NvmlBackend) -> None:
