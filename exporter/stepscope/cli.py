@@ -92,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     opt("web-config", "FILE", "TLS / basic auth, Prometheus exporter-toolkit format")
     opt("hpc-job-dir", "DIR", "Slurm job-to-GPU mapping directory (dcgm-exporter format); "
         "adds the hpc_job label to GPU series (default off)")
+    opt("kubernetes-pod-resources", "SOCKET", "the kubelet's pod-resources socket "
+        "(/var/lib/kubelet/pod-resources/kubelet.sock); adds the pod, namespace and "
+        "container labels to GPU series (default off; needs stepscope[kubernetes])")
     opt("log-level", "LEVEL", "debug, info, warning or error")
     opt("log-format", "FORMAT", "text or json: one JSON object per line")
     opt(

@@ -71,6 +71,7 @@ class Config:
     max_connections: int = 512
     http_request_timeout: float = 10.0
     hpc_job_dir: Path | None = None
+    kubernetes_pod_resources: Path | None = None
     log_level: str = "info"
     log_format: str = "text"
     wait_for_driver: float = 0.0
@@ -309,6 +310,8 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "max_connections": _count(1, 65536, "connections"),
     "http_request_timeout": _seconds(0.5, 600),
     "hpc_job_dir": _parse_path,
+    # the kubelet's pod-resources socket; unset: no Kubernetes attribution
+    "kubernetes_pod_resources": _parse_path,
     "log_level": _parse_log_level,
     "log_format": _parse_log_format,
     # 0: no driver is an error at once; N: a service started before the driver waits N s

@@ -106,7 +106,8 @@ def reload_config(
         log.error("reload failed, keeping the running configuration: %s", exc)
         return current
     for key in (
-        "listen", "simulate", "scenario", "web_config", "ingest", "ingest_group", "ingest_mode"
+        "listen", "simulate", "scenario", "web_config", "ingest", "ingest_group", "ingest_mode",
+        "kubernetes_pod_resources",
     ):
         if getattr(new, key) != getattr(current, key):
             log.warning("reload: %s changed; it takes effect on restart", key)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from stepscope.attribution.hpc_jobs import HpcJobSource
+from stepscope.attribution.kubernetes import KubernetesSource
 from stepscope.aws.source import NodeTopologySource
 from stepscope.config import Config
 from stepscope.core.guard import ConnectionGuard, HttpSource
@@ -46,6 +47,8 @@ def build_sources(
     registry.register(HostSource())
     registry.register(RdmaSource())
     hpc = registry.register(HpcJobSource(cfg.hpc_job_dir)) if cfg.hpc_job_dir else None
+    if cfg.kubernetes_pod_resources:
+        registry.register(KubernetesSource(str(cfg.kubernetes_pod_resources)))
     registry.register(NodeTopologySource())
     if guard is not None:
         registry.register(HttpSource(guard))
