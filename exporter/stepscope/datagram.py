@@ -50,10 +50,12 @@ one reason from :data:`REJECT_REASONS`, a small fixed set, so
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -83,10 +85,129 @@ DEFAULT_INGEST = "unix:///run/stepscope/ingest.sock"
 INGEST_ENV = "STEPSCOPE_INGEST"
 
 
+# ------------------------------------------------------------------- the ingest URL
+
+# A Unix socket path must fit sun_path (108 bytes on Linux, with its NUL).
+MAX_UNIX_PATH_BYTES = 107
+_URL_FORMS = "expected unix:///PATH or udp://HOST:PORT"
+_HOST_RE = re.compile(r"\A[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?\Z")
 
 
-# Why a datagram was dropped. Parsing reasons first, then the aggregator's caps,
-# then "internal" (a bug in the exporter; never expected, counted rather than raised).
+class IngestURLError(ValueError):
+    """An ingest URL outside the grammar; the message says what is wrong (not the URL)."""
+
+
+@dataclass(frozen=True)
+class IngestAddress:
+    """A parsed ingest URL: where ranks send and the exporter listens.
+
+    ``family`` is ``AF_UNIX``, ``AF_INET`` or ``AF_INET6``; ``address`` the socket
+    address (a path, or ``(host, port)``); ``url`` the URL as given.
+    """
+
+    family: int
+    address: str | tuple[str, int]
+    url: str
+
+    @property
+    def is_unix(self) -> bool:
+        """Whether this is a Unix socket (the authenticated transport)."""
+        return self.family == socket.AF_UNIX
+
+    @property
+    def is_loopback(self) -> bool:
+        """For UDP: the host is a loopback literal or ``localhost``; True for Unix."""
+        if isinstance(self.address, str):
+            return True
+        host = self.address[0]
+        if host.lower() == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+
+def parse_ingest_url(url: str) -> IngestAddress:
+    """Parse an ingest URL, the one grammar of the SDK and the exporter.
+
+    - ``unix:///ABSOLUTE/PATH``: nothing between ``//`` and the path (``unix://run/x``
+      would otherwise silently mean ``/x``), no ``?`` or ``#`` anywhere (they would
+      silently cut the path), no NUL, a file name at the end, at most
+      :data:`MAX_UNIX_PATH_BYTES` bytes. The path is taken literally (no
+      percent-decoding).
+    - ``udp://HOST:PORT``: HOST an IPv4 address, ``[IPv6]`` or a DNS name; PORT
+      1-65535; nothing else (no user, path, query or fragment).
+
+    Raises :class:`IngestURLError` (a ``ValueError``) saying what is wrong.
+    """
+    text = url.strip()
+    scheme, sep, rest = text.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("unix", "udp"):
+        raise IngestURLError(f"{_URL_FORMS} (the scheme must be unix:// or udp://)")
+    if "?" in rest or "#" in rest:
+        raise IngestURLError(
+            f"an ingest URL takes no query or fragment ('?' or '#'); {_URL_FORMS}"
+        )
+    if scheme == "unix":
+        return IngestAddress(socket.AF_UNIX, _unix_path(rest), text)
+    return _udp(rest, text)
+
+
+def _unix_path(rest: str) -> str:
+    if not rest:
+        raise IngestURLError("expected unix:///PATH, an absolute path")
+    if not rest.startswith("/"):
+        host, _, tail = rest.partition("/")
+        raise IngestURLError(
+            f"unix:// takes no host part ({host!r} would be dropped and /{tail} used); "
+            f"write the absolute path after three slashes: unix:///{rest}"
+        )
+    if "\0" in rest:
+        raise IngestURLError("the socket path contains a NUL character")
+    name = rest.rsplit("/", 1)[1]
+    if name in ("", ".", ".."):
+        raise IngestURLError(f"the socket path {rest!r} must end in a file name")
+    size = len(rest.encode("utf-8", "surrogateescape"))
+    if size > MAX_UNIX_PATH_BYTES:
+        raise IngestURLError(
+            f"the socket path is {size} bytes; a Unix socket path has at most "
+            f"{MAX_UNIX_PATH_BYTES}"
+        )
+    return rest
+
+
+def _udp(rest: str, text: str) -> IngestAddress:
+    if "/" in rest or "@" in rest:
+        raise IngestURLError(f"udp:// takes HOST:PORT only (no user or path); {_URL_FORMS}")
+    if rest.startswith("["):
+        host, bracket, port_s = rest[1:].partition("]")
+        colon, port_s = port_s[:1], port_s[1:]
+        try:
+            ok = bool(bracket) and ipaddress.ip_address(host).version == 6
+        except ValueError:
+            ok = False
+        if not ok:
+            raise IngestURLError("an IPv6 host goes in brackets: udp://[::1]:9401")
+        family = socket.AF_INET6
+    else:
+        host, colon, port_s = rest.rpartition(":")
+        family = socket.AF_INET
+        if ":" in host:
+            raise IngestURLError("an IPv6 host goes in brackets: udp://[::1]:9401")
+        if host and _HOST_RE.fullmatch(host) is None:
+            raise IngestURLError(f"{host!r} is not a host name or an IPv4 address")
+    if not host or not colon or not port_s:
+        raise IngestURLError("expected udp://HOST:PORT")
+    if not port_s.isascii() or not port_s.isdigit() or not 1 <= int(port_s) <= 65535:
+        raise IngestURLError(f"the port must be 1-65535, got {port_s!r}")
+    return IngestAddress(family, (host, int(port_s)), text)
+
+
+# Why a datagram was dropped. Parsing reasons first, then the sender's credentials and
+# identity, then the caps, then "internal" (a bug in the exporter; never expected,
+# counted rather than raised).
 REJECT_REASONS: tuple[str, ...] = (
     "oversize",  # longer than MAX_DATAGRAM_BYTES
     "not_utf8",  # not valid UTF-8
@@ -98,7 +219,12 @@ REJECT_REASONS: tuple[str, ...] = (
     "wrong_type",  # a field has the wrong JSON type
     "out_of_range",  # a number is NaN/inf, negative, too large, or phases exceed dur
     "bad_label",  # a label value (job, uuid, precision) is not accepted
+    "not_allowed",  # the sender's uid and gid are not in ingest_allow_uids/_gids
+    "bad_pid",  # the pid the datagram reports is not the sender's, per the kernel
+    "not_owner",  # the job or rank belongs to another uid, or the rank to another process
+    "identity_changed",  # local_rank, pid, world_size, uuid or precision differ from the first
     "cap_jobs",  # a new job beyond max_jobs on this node
+    "cap_uid",  # a new job of a uid holding its share of max_jobs while other uids report
     "cap_ranks",  # a new rank beyond max_ranks_per_job for its job
     "internal",  # the exporter failed to process it (a bug; logged)
 )

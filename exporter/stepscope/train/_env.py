@@ -1,18 +1,22 @@
 """Where a rank is and where it sends: launcher environment, ingest URL, GPU UUID.
 
 Standard library only; torch is looked up in ``sys.modules`` and never imported here.
+The ingest URL grammar is the exporter's (:mod:`stepscope.datagram`), so the SDK and
+the exporter read every URL the same way (the exporter also wants UDP on loopback).
 """
 
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+
+# IngestAddress re-exported: the sender takes it from here
+from stepscope.datagram import IngestAddress as IngestAddress
+from stepscope.datagram import IngestURLError, parse_ingest_url
 
 log = logging.getLogger("stepscope.train")
 
@@ -58,36 +62,19 @@ def placement_from_env(env: Mapping[str, str]) -> Placement:
     return Placement(0, 0, 1)
 
 
-@dataclass(frozen=True)
-class IngestAddress:
-    """A parsed ingest URL: ``unix:///path`` or ``udp://host:port``."""
-
-    family: int
-    address: str | tuple[str, int]
-    url: str
-
-
 def parse_ingest(url: str) -> IngestAddress:
-    """Parse an ingest URL; raise ``ValueError`` naming the URL when it is malformed."""
+    """Parse an ingest URL with the exporter's own grammar
+    (:func:`stepscope.datagram.parse_ingest_url`); raise ``ValueError`` naming the URL
+    when it is malformed (``TypeError`` when it is not a string).
+
+    Called once, when the reporter is made, never per step: a bad URL is a
+    configuration error the job sees at start, not an exception in its loop."""
     if not isinstance(url, str):
         raise TypeError(f"ingest must be a str URL, got {type(url).__name__}")
-    parts = urlsplit(url.strip())
-    if parts.scheme == "unix":
-        path = parts.path
-        if not path or parts.netloc:
-            raise ValueError(f"ingest {url!r}: expected unix:///absolute/path")
-        return IngestAddress(socket.AF_UNIX, path, url)
-    if parts.scheme == "udp":
-        try:
-            port = parts.port
-        except ValueError as err:
-            raise ValueError(f"ingest {url!r}: bad port ({err})") from None
-        host = parts.hostname
-        if not host or port is None or port == 0:
-            raise ValueError(f"ingest {url!r}: expected udp://HOST:PORT")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        return IngestAddress(family, (host, port), url)
-    raise ValueError(f"ingest {url!r}: scheme must be unix:// or udp://")
+    try:
+        return parse_ingest_url(url)
+    except IngestURLError as err:
+        raise ValueError(f"ingest {url!r}: {err}") from None
 
 
 def cuda_device_uuid(torch: Any, device: int) -> str | None:
