@@ -1,4 +1,5 @@
-"""Aggregation per (job, rank): counters, histogram, warm-up, MFU window, caps, expiry."""
+"""Aggregation per (job, rank): counters, histogram, warm-up, MFU window, caps, expiry,
+who owns a job or rank, fixed identity labels and per-uid job shares."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 
 from stepscope.datagram import Limits, StepRecord
-from stepscope.ingest.aggregate import STEP_BUCKETS, Aggregator, TrainingSettings
+from stepscope.ingest.aggregate import STEP_BUCKETS, Aggregator, Sender, TrainingSettings
 
 
 class FakeClock:
@@ -144,12 +145,102 @@ def test_a_cap_hit_expires_stale_ranks_before_rejecting() -> None:
     assert [r.rank for r in agg.view().ranks] == [1]
 
 
-def test_latest_facts_win_and_sdk_dropped_is_the_latest_count() -> None:
+def test_identity_labels_are_fixed_by_the_first_datagram_and_changes_are_rejected() -> None:
     agg, _ = make()
     agg.add(record(local_rank=0, pid=1, dropped=3, precision="bf16"))
-    agg.add(record(local_rank=0, pid=2, dropped=5, precision="fp8", uuid="GPU-b"))
-    (r,) = agg.view().ranks
-    assert (r.pid, r.sdk_dropped, r.precision, r.uuid) == (2, 5, "fp8", "GPU-b")
+    changes: list[dict[str, Any]] = [
+        {"local_rank": 1}, {"pid": 2}, {"world_size": 4}, {"uuid": "GPU-b"}, {"uuid": None},
+        {"precision": "fp8"},
+    ]
+    for change in changes:
+        assert agg.add(record(**{"pid": 1, **change})) == "identity_changed", change
+    agg.add(record(pid=1, dropped=5))  # the SDK's dropped count is not identity: latest wins
+    view = agg.view()
+    (r,) = view.ranks
+    assert (r.local_rank, r.pid, r.world_size, r.precision, r.uuid) == (0, 1, 2, "bf16", "GPU-a")
+    assert r.sdk_dropped == 5 and r.steps == 2
+    assert view.rejected["identity_changed"] == len(changes)
+
+
+def test_label_churn_from_one_sender_keeps_one_series_set() -> None:
+    """Issue 15: local_rank/pid/world_size rewritten by every datagram made 81k series."""
+    agg, _ = make()
+    root = Sender(0, 0, 100)
+    for i in range(1000):
+        agg.add(record(local_rank=i % 8, pid=1000 + i, world_size=2 + i % 5), root)
+    view = agg.view()
+    assert len(view.ranks) == 1 and view.accepted == 1
+    assert view.rejected["identity_changed"] == 999
+
+
+def test_a_job_belongs_to_the_uid_of_its_first_rank() -> None:
+    agg, _ = make()
+    root, nobody = Sender(0, 0, 100), Sender(65534, 65534, 200)
+    assert agg.add(record(rank=0, t=1000.0, dur=1.0), root) is None
+    # forged steps for the owner's rank, and a forged extra rank of its job
+    assert agg.add(record(rank=0, dur=80000.0, data_wait=80000.0, compute=0.0, comm=0.0,
+                          other=0.0, pid=7), nobody) == "not_owner"
+    assert agg.add(record(rank=1), nobody) == "not_owner"
+    view = agg.view()
+    (r,) = view.ranks
+    assert r.step_seconds_sum == 1.0 and r.phase_seconds.data_wait == pytest.approx(0.2)
+    assert view.rejected["not_owner"] == 2
+
+
+def test_a_rank_belongs_to_its_first_process_when_the_kernel_names_it() -> None:
+    agg, _ = make()
+    assert agg.add(record(rank=0), Sender(1000, 1000, 100)) is None
+    # the same user, another process (its pid visible to the exporter): not this rank's
+    assert agg.add(record(rank=0), Sender(1000, 1000, 101)) == "not_owner"
+    # its own rank of the same job is fine
+    assert agg.add(record(rank=1, local_rank=1), Sender(1000, 1000, 101)) is None
+    # kernel pid 0 (another PID namespace): only the uid can be checked
+    assert agg.add(record(job="pod", rank=0), Sender(1000, 1000, 0)) is None
+    assert agg.add(record(job="pod", rank=0), Sender(1000, 1000, 0)) is None
+    assert agg.add(record(job="pod", rank=0), Sender(2000, 2000, 0)) == "not_owner"
+
+
+def test_udp_senders_are_one_principal_apart_from_unix_ones() -> None:
+    agg, _ = make()
+    assert agg.add(record(job="u")) is None  # sender None: UDP
+    assert agg.add(record(job="u")) is None
+    assert agg.add(record(job="u"), Sender(0, 0, 5)) == "not_owner"
+
+
+def test_one_uid_cannot_squat_every_job_slot() -> None:
+    """Issue 15: 8 datagrams from one user filled max_jobs and kept a real job out."""
+    agg, clock = make(limits=Limits(max_jobs=8))
+    nobody, alice, bob = Sender(65534, 65534, 9), Sender(1000, 1000, 10), Sender(1001, 1001, 11)
+    for j in range(8):  # alone on the node, a uid may use every slot
+        assert agg.add(record(job=f"squat-{j}"), nobody) is None
+        clock.t += 1.0
+    clock.t += 1.0
+    # another uid arrives: the squatter's least recently active job gives its slot back
+    assert agg.add(record(job="real"), alice) is None
+    jobs = {r.job for r in agg.view().ranks}
+    assert "real" in jobs and "squat-0" not in jobs and len(jobs) == 8
+    # the squatter is now held to its share (half of max_jobs) ...
+    assert agg.add(record(job="squat-0"), nobody) == "cap_uid"
+    # ... and gives back slots until it is at its share
+    for j in range(3):
+        assert agg.add(record(job=f"alice-{j}"), alice) is None
+    assert sum(r.job.startswith("squat") for r in agg.view().ranks) == 4
+    # every uid at or under its share and the node full: a third uid waits
+    assert agg.add(record(job="bob"), bob) == "cap_jobs"
+    assert agg.add(record(job="alice-3"), alice) == "cap_uid"
+    # the real job's ranks keep reporting
+    assert agg.add(record(job="real"), alice) is None
+    assert agg.view().rejected["cap_uid"] == 2
+
+
+def test_a_job_slot_freed_by_expiry_goes_to_whoever_asks() -> None:
+    agg, clock = make(limits=Limits(max_jobs=2), rank_expiry=10.0)
+    a, b = Sender(1, 1, 1), Sender(2, 2, 2)
+    assert agg.add(record(job="a0"), a) is None
+    assert agg.add(record(job="b0"), b) is None
+    assert agg.add(record(job="a1"), a) == "cap_uid"
+    clock.t += 11.0
+    assert agg.add(record(job="a1"), a) is None  # b0 expired: a is alone again
 
 
 def test_settings_reload_applies_to_the_next_view() -> None:

@@ -66,3 +66,48 @@ def test_bad_training_values_name_the_key(
     with pytest.raises(ConfigError) as err:
         load(flags, env=env)
     assert message in str(err.value)
+
+
+def test_ingest_access_defaults_keep_the_socket_off_other_users() -> None:
+    cfg = load({}, env={})
+    assert (cfg.ingest_mode, cfg.ingest_group) == (0o660, None)
+    assert cfg.ingest_allow_uids == frozenset() and cfg.ingest_allow_gids == frozenset()
+
+
+def test_ingest_access_from_file_and_environment(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    # YAML 1.1 reads 0660 as an octal number; lists of names and numbers
+    f.write_text("ingest_mode: 0640\ningest_allow_uids: [root, 1000]\ningest_group: 0\n")
+    cfg = load({"config": str(f)}, env={"STEPSCOPE_INGEST_ALLOW_GIDS": "nogroup, 1234"})
+    assert cfg.ingest_mode == 0o640 and cfg.ingest_group == 0
+    assert cfg.ingest_allow_uids == {0, 1000} and cfg.ingest_allow_gids == {65534, 1234}
+    ts = training_settings_of(cfg)
+    assert ts.allow_uids == {0, 1000} and ts.allow_gids == {65534, 1234}
+    assert load({}, env={"STEPSCOPE_INGEST_MODE": "0666"}).ingest_mode == 0o666
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"STEPSCOPE_INGEST_MODE": "0755"}, "ingest_mode: expected a mode from 0200 to 0666"),
+        ({"STEPSCOPE_INGEST_MODE": "rw"}, "ingest_mode: expected an octal mode"),
+        ({"STEPSCOPE_INGEST_MODE": "0060"}, "ingest_mode: expected a mode from 0200"),
+        ({"STEPSCOPE_INGEST_GROUP": "no-such-group-x"},
+         "ingest_group: no group named 'no-such-group-x' on this host (give the number)"),
+        ({"STEPSCOPE_INGEST_ALLOW_UIDS": "root,4294967296"},
+         "ingest_allow_uids: user id 4294967296 is out of range"),
+        ({"STEPSCOPE_INGEST": "udp://127.0.0.1:9401", "STEPSCOPE_INGEST_ALLOW_UIDS": "0"},
+         "ingest_allow_uids/ingest_allow_gids: need a unix:// ingest"),
+    ],
+)
+def test_bad_ingest_access_values_name_the_key(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load({}, env=env)
+    assert message in str(err.value)
+
+
+def test_a_yaml_mode_written_in_decimal_is_refused_with_a_hint(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("ingest_mode: 660\n")  # YAML: the number 660, not 0o660
+    with pytest.raises(ConfigError, match=r"write it as an octal string: '0660'"):
+        load({"config": str(f)}, env={})

@@ -71,9 +71,10 @@ class Sender:
 
 
 def step(job: str, rank: int, i: int, t: float, uuid: str | None, **extra: Any) -> dict[str, Any]:
+    # pid: this process's, as the SDK sends it (the exporter checks it against the kernel's)
     obj: dict[str, Any] = {
         "v": 1, "type": "step", "job": job, "rank": rank, "local_rank": rank, "world_size": 2,
-        "pid": 1000 + rank, "step": i, "t": t, "dur": 1.0, "data": 0.25, "compute": 0.5,
+        "pid": os.getpid(), "step": i, "t": t, "dur": 1.0, "data": 0.25, "compute": 0.5,
         "comm": 0.125, "tokens": 4096, "flops": 0.4 * H100_BF16, "warmup": False,
     }
     if uuid is not None:
@@ -142,14 +143,15 @@ def test_ranks_report_steps_phases_tokens_flops_and_mfu_joined_with_their_gpus(
                       "UUID": uuids["1"], "modelName": "NVIDIA H100 80GB HBM3",
                       "Hostname": "node-3"}
     info = {lbl["rank"]: lbl for lbl, _ in fams["stepscope_training_rank_info"]}
-    assert info["0"]["mfu_status"] == "ok" and info["0"]["pid"] == "1000"
+    assert info["0"]["mfu_status"] == "ok" and info["0"]["pid"] == str(os.getpid())
     assert info["0"]["precision"] == "bf16" and info["0"]["world_size"] == "2"
     assert value(fams, "stepscope_gpu_peak_flops", gpu="0", precision="bf16") == H100_BF16
     assert value(fams, "stepscope_ingest_up") == 1
     assert value(fams, "stepscope_ingest_datagrams_total") == 16
     assert value(fams, "stepscope_training_ranks") == 2
-    # the socket accepts any local user's training process
-    assert stat.S_IMODE(os.stat(sock_dir / "ingest.sock").st_mode) == 0o666
+    # the socket is not world-writable: the exporter's group reaches it (docs/ingest.md)
+    st = os.stat(sock_dir / "ingest.sock")
+    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == os.getegid()
     # every family a training node serves is documented
     doc = (REPO / "docs" / "metrics.md").read_text()
     missing = [n for n in sorted(fams) if f"`{n}`" not in doc and not n.startswith("process_")

@@ -62,7 +62,7 @@ class Config:
     hostname: str = ""
     host_label: str = HOST_LABEL
     ingest: str = DEFAULT_INGEST
-    # who may report, and the socket's group and mode (docs/ingest.md#who-may-report)
+    # who may report, and the socket's group and mode (docs/ingest.md#the-socket)
     ingest_allow_uids: frozenset[int] = TrainingSettings.allow_uids
     ingest_allow_gids: frozenset[int] = TrainingSettings.allow_gids
     ingest_group: int | None = IngestAccess.group

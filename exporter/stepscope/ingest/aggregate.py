@@ -18,10 +18,21 @@ What is measured (see docs/ingest.md):
   window. The window moves in whole seconds, so memory per rank is bounded.
 - A rank that sends nothing for ``rank_expiry`` seconds is forgotten: its series
   disappear from the next snapshot; if it comes back its counters restart at 0.
+
+Who may write what (docs/ingest.md#threat-model): a job belongs to the uid of its first
+rank's sender and a rank to the process that sent its first datagram (its kernel pid,
+when the kernel can name it in our PID namespace), until they expire; another sender
+is rejected (``not_owner``). A rank's identity labels (local_rank, pid, world_size,
+uuid, precision) are fixed by its first datagram (``identity_changed``), so no sender
+can churn series. A uid holds at most half of ``max_jobs`` while other uids report
+(``cap_uid``), and gives back its least recently active job beyond that share when
+another uid needs a slot: nobody squats every job slot. UDP carries no sender: all of
+it is one unauthenticated principal (``sender=None``).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from bisect import bisect_left
@@ -30,6 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
+from typing import NamedTuple
 
 from stepscope.core.labels import RankIdentity
 from stepscope.core.source import PartKey
@@ -47,15 +59,41 @@ STEP_BUCKETS: tuple[float, ...] = (
 # must not cost O(ranks) per datagram).
 _EXPIRY_SCAN_SECONDS = 1.0
 
+log = logging.getLogger("stepscope.ingest")
+
+
+class Sender(NamedTuple):
+    """Who sent a datagram, as the kernel vouches for it (``SCM_CREDENTIALS``).
+
+    ``uid`` and ``gid`` (the effective ones; supplementary groups are not sent) as seen
+    from the exporter's user namespace; ``pid`` in the exporter's PID namespace, 0 when
+    the sender is in one the exporter cannot see (another pod, or a sibling container).
+    """
+
+    uid: int
+    gid: int
+    pid: int
+
 
 @dataclass(frozen=True)
 class TrainingSettings:
-    """What the aggregator enforces; a SIGHUP reload may swap it."""
+    """What the aggregator enforces; a SIGHUP reload may swap it.
+
+    ``allow_uids`` / ``allow_gids``: when either is non-empty, only senders whose uid
+    or gid is listed may report (the listener checks, before parsing).
+    """
 
     limits: Limits = field(default_factory=Limits)
     mfu_window: float = 30.0
     rank_expiry: float = 300.0
     peak_flops: PeakTable = DATASHEET_PEAKS
+    allow_uids: frozenset[int] = frozenset()
+    allow_gids: frozenset[int] = frozenset()
+
+    @property
+    def max_jobs_per_uid(self) -> int:
+        """A uid's share of the job slots while other uids report: half, at least 1."""
+        return max(1, self.limits.max_jobs // 2)
 
 
 @dataclass(frozen=True)
@@ -107,6 +145,8 @@ class TrainingView:
     rejected: Mapping[str, int] = field(default_factory=dict)
     ranks: tuple[RankView, ...] = ()
     settings: TrainingSettings = field(default_factory=TrainingSettings)
+    # datagrams the kernel dropped on the socket (receive buffer full); None: not exposed
+    kernel_dropped: int | None = None
 
     @cached_property
     def by_key(self) -> Mapping[tuple[str, int], RankView]:
@@ -115,8 +155,19 @@ class TrainingView:
 
 
 @dataclass(slots=True)
+class _JobState:
+    """A job's owner (the uid of its first rank's sender; None: UDP) and its rank count."""
+
+    uid: int | None
+    ranks: int = 0
+
+
+@dataclass(slots=True)
 class _RankState:
-    """Mutable per-rank accumulators, only touched under the aggregator's lock."""
+    """Mutable per-rank accumulators, only touched under the aggregator's lock.
+
+    The identity (local_rank to precision) and the owner are set once, at creation.
+    """
 
     job: str
     rank: int
@@ -125,6 +176,8 @@ class _RankState:
     pid: int | None = None
     world_size: int | None = None
     precision: str = DEFAULT_PRECISION
+    owner_uid: int | None = None
+    owner_pid: int = 0  # the sender's kernel pid; 0: not known (another PID namespace)
     steps: int = 0
     warmup_steps: int = 0
     dur_sum: float = 0.0
@@ -142,13 +195,17 @@ class _RankState:
     # [second, flops, first start, last end] per whole second of receive time
     window: deque[list[float]] = field(default_factory=deque)
 
+    def same_identity(self, rec: StepRecord) -> bool:
+        return (
+            rec.local_rank == self.local_rank
+            and rec.pid == self.pid
+            and rec.world_size == self.world_size
+            and rec.uuid == self.uuid
+            and rec.precision == self.precision
+        )
+
     def observe(self, rec: StepRecord, now: float, window: float) -> None:
         self.last_seen = now
-        self.local_rank = rec.local_rank
-        self.uuid = rec.uuid
-        self.pid = rec.pid
-        self.world_size = rec.world_size
-        self.precision = rec.precision
         self.dropped = rec.dropped
         self.last_t = rec.t
         self.steps += 1
@@ -232,14 +289,17 @@ class Aggregator:
         self._clock = clock
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, int], _RankState] = {}
-        self._ranks_per_job: dict[str, int] = {}
+        self._jobs: dict[str, _JobState] = {}
+        self._jobs_per_uid: dict[int | None, int] = {}
         self._accepted = 0
         self._rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self._kernel_dropped: int | None = None
         self._listening: str | None = None
         self._last_scan = float("-inf")
 
     @property
     def settings(self) -> TrainingSettings:
+        """The settings in force (the listener reads the allow-lists from them)."""
         return self._settings
 
     @property
@@ -255,55 +315,138 @@ class Aggregator:
         """Record whether the ingest socket is bound (``stepscope_ingest_up``)."""
         self._listening = address
 
+    def set_kernel_dropped(self, count: int | None) -> None:
+        """Record the socket's cumulative kernel drop count (None: the kernel has none)."""
+        self._kernel_dropped = count
+
     def reject(self, reason: str) -> None:
         """Count a datagram dropped before aggregation (reason from REJECT_REASONS)."""
         with self._lock:
             self._rejected[reason] += 1
 
-    def add(self, rec: StepRecord) -> str | None:
-        """Aggregate one valid record; returns the cap reason if it was dropped."""
+    def add(self, rec: StepRecord, sender: Sender | None = None) -> str | None:
+        """Aggregate one valid record from ``sender`` (None: UDP, unauthenticated).
+
+        Returns the reject reason if it was dropped: the job or rank is another
+        sender's, the rank's identity labels changed, or a cap is reached.
+        """
         now = self._clock()
         settings = self._settings
+        uid = sender.uid if sender is not None else None
+        kpid = sender.pid if sender is not None else 0
         with self._lock:
             state = self._ranks.get((rec.job, rec.rank))
             if state is None:
-                reason = self._admit(rec.job, now, settings)
+                reason = self._admit(rec.job, uid, now, settings)
                 if reason is not None:
                     self._rejected[reason] += 1
                     return reason
-                state = self._ranks[(rec.job, rec.rank)] = _RankState(rec.job, rec.rank)
-                self._ranks_per_job[rec.job] = self._ranks_per_job.get(rec.job, 0) + 1
+                state = self._ranks[(rec.job, rec.rank)] = _RankState(
+                    rec.job,
+                    rec.rank,
+                    local_rank=rec.local_rank,
+                    uuid=rec.uuid,
+                    pid=rec.pid,
+                    world_size=rec.world_size,
+                    precision=rec.precision,
+                    owner_uid=uid,
+                    owner_pid=kpid,
+                )
+                self._jobs[rec.job].ranks += 1
+            elif state.owner_uid != uid or (state.owner_pid and kpid != state.owner_pid):
+                self._rejected["not_owner"] += 1
+                return "not_owner"
+            elif not state.same_identity(rec):
+                self._rejected["identity_changed"] += 1
+                return "identity_changed"
             state.observe(rec, now, settings.mfu_window)
             self._accepted += 1
         return None
 
-    def _admit(self, job: str, now: float, settings: TrainingSettings) -> str | None:
-        """Whether a new (job, rank) fits under the caps (expiring stale ranks first)."""
-        limits = settings.limits
-        for attempt in range(2):
-            n = self._ranks_per_job.get(job)
-            if n is None and len(self._ranks_per_job) >= limits.max_jobs:
-                reason: str | None = "cap_jobs"
-            elif n is not None and n >= limits.max_ranks_per_job:
-                reason = "cap_ranks"
-            else:
-                return None
-            if attempt or now - self._last_scan < _EXPIRY_SCAN_SECONDS:
-                return reason
+    def _admit(
+        self, job: str, uid: int | None, now: float, settings: TrainingSettings
+    ) -> str | None:
+        """Whether a new (job, rank) of ``uid`` may be tracked; creates the job if new.
+
+        A cap hit first expires stale ranks (at most once a second), then a new job
+        may take the slot of a uid over its share (:meth:`_evict_for`).
+        """
+        reason = self._check(job, uid, settings)
+        if reason in ("cap_jobs", "cap_ranks", "cap_uid") and (
+            now - self._last_scan >= _EXPIRY_SCAN_SECONDS
+        ):
             self._last_scan = now
             self._expire(now, settings.rank_expiry)
-        return reason  # pragma: no cover - the loop always returns
+            reason = self._check(job, uid, settings)
+        if reason == "cap_jobs" and self._evict_for(uid, settings):
+            reason = None
+        if reason is None and job not in self._jobs:
+            self._jobs[job] = _JobState(uid)
+            self._jobs_per_uid[uid] = self._jobs_per_uid.get(uid, 0) + 1
+        return reason
+
+    def _check(self, job: str, uid: int | None, settings: TrainingSettings) -> str | None:
+        limits = settings.limits
+        state = self._jobs.get(job)
+        if state is not None:
+            if state.uid != uid:
+                return "not_owner"
+            return "cap_ranks" if state.ranks >= limits.max_ranks_per_job else None
+        mine = self._jobs_per_uid.get(uid, 0)
+        others = len(self._jobs_per_uid) - (1 if mine else 0)
+        if others and mine >= settings.max_jobs_per_uid:
+            return "cap_uid"
+        if len(self._jobs) >= limits.max_jobs:
+            return "cap_jobs"
+        return None
+
+    def _evict_for(self, uid: int | None, settings: TrainingSettings) -> bool:
+        """Free a job slot for ``uid`` (under its share) from the uid furthest over its
+        share: that uid's least recently active job is forgotten. False if none is over.
+
+        A uid gets more than its share only while it is alone; this gives the slots
+        back when another uid needs one, so a squatter alone first cannot keep them.
+        """
+        share = settings.max_jobs_per_uid
+        if self._jobs_per_uid.get(uid, 0) >= share:
+            return False
+        over = [(n, u) for u, n in self._jobs_per_uid.items() if u != uid and n > share]
+        if not over:
+            return False
+        _, victim = max(over, key=lambda item: item[0])
+        last: dict[str, float] = {}
+        for (job, _), st in self._ranks.items():
+            if self._jobs[job].uid == victim:
+                last[job] = max(last.get(job, 0.0), st.last_seen)
+        if not last:  # pragma: no cover - a job always has a rank
+            return False
+        job = min(last, key=last.__getitem__)
+        for key in [k for k in self._ranks if k[0] == job]:
+            del self._ranks[key]
+        self._forget_job(job)
+        log.warning(
+            "ingest: job %r of uid %s forgotten: that uid held %d job slots, more than its "
+            "share of %d, and uid %s needed one (docs/ingest.md#caps-and-expiry)",
+            job, victim, self._jobs_per_uid.get(victim, 0) + 1, share, uid,
+        )
+        return True
+
+    def _forget_job(self, job: str) -> None:
+        uid = self._jobs.pop(job).uid
+        left = self._jobs_per_uid[uid] - 1
+        if left:
+            self._jobs_per_uid[uid] = left
+        else:
+            del self._jobs_per_uid[uid]
 
     def _expire(self, now: float, expiry: float) -> None:
         stale = [key for key, st in self._ranks.items() if now - st.last_seen > expiry]
         for key in stale:
             del self._ranks[key]
-            job = key[0]
-            left = self._ranks_per_job[job] - 1
-            if left:
-                self._ranks_per_job[job] = left
-            else:
-                del self._ranks_per_job[job]
+            job = self._jobs[key[0]]
+            job.ranks -= 1
+            if not job.ranks:
+                self._forget_job(key[0])
 
     def view(self) -> TrainingView:
         """An immutable copy of the current state, expired ranks dropped first."""
@@ -322,6 +465,7 @@ class Aggregator:
             rejected=rejected,
             ranks=ranks,
             settings=settings,
+            kernel_dropped=self._kernel_dropped,
         )
 
 

@@ -1,10 +1,24 @@
 """The ingest listener: a datagram socket on the event loop, feeding the aggregator.
 
-``unix:///run/stepscope/ingest.sock`` (default) or ``udp://127.0.0.1:9401``. For a
-Unix socket the parent directory is created when possible, a stale socket file left
-by a dead exporter is replaced (a live one is not), and the socket is made
-world-writable (0666) so training processes of any user or container that can reach
-the path can report; what they can send is bounded by validation and the caps.
+``unix:///run/stepscope/ingest.sock`` (default) or ``udp://127.0.0.1:9401`` (loopback
+only), in the grammar of :func:`stepscope.datagram.parse_ingest_url`, the SDK's own.
+
+The Unix socket is the authenticated transport (docs/ingest.md#threat-model): every
+datagram arrives with the sender's uid, gid and pid as the kernel vouches for them
+(``SO_PASSCRED`` / ``SCM_CREDENTIALS``), which the allow-lists, the pid check and the
+aggregator's ownership rules use. It is created safely:
+
+- its directory is made 0755 when missing; an existing one must belong to this exporter's
+  uid or root and be writable by no one else unless sticky (else another user could
+  swap the socket for a symlink between two calls), and is opened without following a
+  symlink; everything after that works relative to that directory's descriptor;
+- the socket's mode comes from the umask at ``bind`` (default 0660), never from a
+  ``chmod`` of the path afterwards; a configured group is set with ``lchown`` semantics
+  (never through a symlink);
+- a stale socket file left by a dead exporter is replaced, a live one is not.
+
+UDP carries no sender: whoever reaches the port may report as any rank. It is off unless
+asked for and binds loopback only.
 
 Binding failures never stop the exporter: it logs one warning, serves GPU metrics as
 usual and exports ``stepscope_ingest_up 0``.
@@ -18,6 +32,7 @@ core with no loss (benchmarks/bench_ingest.py).
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import errno
@@ -26,11 +41,19 @@ import logging
 import os
 import socket
 import stat
+import struct
+import sys
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from stepscope.datagram import MAX_DATAGRAM_BYTES, Rejection, parse_datagram
-from stepscope.ingest.aggregate import Aggregator
+from stepscope.datagram import (
+    MAX_DATAGRAM_BYTES,
+    MAX_UNIX_PATH_BYTES,
+    Rejection,
+    parse_datagram,
+    parse_ingest_url,
+)
+from stepscope.ingest.aggregate import Aggregator, Sender
 
 log = logging.getLogger("stepscope.ingest")
 
@@ -38,46 +61,156 @@ MAX_BATCH = 4096
 # Ask for a large receive buffer so bursts (all ranks ending a step together) queue
 # instead of dropping; the kernel caps it at net.core.rmem_max.
 RECEIVE_BUFFER_BYTES = 8 << 20
-SOCKET_MODE = 0o666
+
+# struct ucred {pid_t pid; uid_t uid; gid_t gid;}
+_UCRED = struct.Struct("iII")
+_CRED_SPACE = socket.CMSG_SPACE(_UCRED.size)
+_SCM_CREDENTIALS: int | None = getattr(socket, "SCM_CREDENTIALS", None)
+_SO_PASSCRED: int | None = getattr(socket, "SO_PASSCRED", None)
+# getsockopt(SO_MEMINFO): u32 counters of the socket; index 8 (SK_MEMINFO_DROPS, Linux
+# >= 4.15) is the datagrams the kernel dropped because the receive buffer was full.
+# Python does not name the option; 55 is its number in the generic Linux ABI (x86, Arm).
+_SO_MEMINFO = 55 if sys.platform == "linux" else None
+_MEMINFO_DROPS = 8
+_SENDER_CACHE = 1024  # distinct credentials remembered (a node has a few processes)
 
 
 class IngestError(OSError):
     """The ingest socket could not be set up; the message says why."""
 
 
-def _bind_unix(path: Path) -> socket.socket:
+@dataclass(frozen=True)
+class IngestAccess:
+    """Who can reach the Unix socket: its mode (set by the umask at bind) and group.
+
+    ``group`` None: the group the directory gives new files (the exporter's, or the
+    directory's when it is set-group-ID). World-writable modes are allowed when asked
+    for: any local user can then connect, and ownership still keeps each sender to its
+    own jobs.
+    """
+
+    mode: int = 0o660
+    group: int | None = None
+
+
+def _socket_dir(directory: Path) -> int:
+    """Create (0755) or check the socket's directory; a descriptor for it.
+
+    Refused: a symlink, a directory another uid (not root) owns, or one writable by
+    others without the sticky bit. Each lets another user replace the socket.
+    """
+    # the documented 0755 whatever the service's umask (process-wide: the listener
+    # starts before the exporter's other threads)
+    old = os.umask(0o022)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     except OSError as exc:
-        raise IngestError(f"cannot create {path.parent}: {exc.strerror or exc}") from None
+        raise IngestError(f"cannot create {directory}: {exc.strerror or exc}") from None
+    finally:
+        os.umask(old)
     try:
-        st = path.lstat()
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if directory.is_symlink():
+            raise IngestError(
+                f"{directory} is a symlink; give the real directory in the ingest URL"
+            ) from None
+        raise IngestError(f"cannot open {directory}: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    me = os.geteuid()
+    problem = None
+    if st.st_uid not in (me, 0):
+        problem = (
+            f"{directory} belongs to uid {st.st_uid}, not to this exporter (uid {me}) or "
+            "root: its owner could replace the socket"
+        )
+    elif st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        problem = (
+            f"{directory} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}) "
+            "without the sticky bit: they could replace the socket"
+        )
+    if problem is not None:
+        os.close(fd)
+        raise IngestError(f"{problem}; refusing it (docs/ingest.md#the-socket)")
+    return fd
+
+
+def _at(dir_fd: int, name: str, fallback: Path) -> str:
+    """A path to ``name`` in the directory held open as ``dir_fd``.
+
+    ``bind`` and ``connect`` take a path, not a directory descriptor; through
+    /proc/self/fd the path resolves to the directory we checked even if an ancestor
+    is renamed meanwhile. Without /proc (or when too long), the plain path.
+    """
+    via = f"/proc/self/fd/{dir_fd}/{name}"
+    if len(via.encode()) <= MAX_UNIX_PATH_BYTES and os.path.isdir(f"/proc/self/fd/{dir_fd}"):
+        return via
+    return str(fallback)
+
+
+def _clear_stale(dir_fd: int, name: str, target: str, path: Path) -> None:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
-        pass
+        return
     except OSError as exc:
         raise IngestError(f"cannot inspect {path}: {exc.strerror or exc}") from None
-    else:
-        if not stat.S_ISSOCK(st.st_mode):
-            raise IngestError(f"{path} exists and is not a socket; not replacing it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            probe.connect(str(path))
-        except ConnectionRefusedError:
-            path.unlink()  # stale: nobody is bound to it (an exporter that died)
+    if not stat.S_ISSOCK(st.st_mode):
+        raise IngestError(f"{path} exists and is not a socket; not replacing it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        probe.connect(target)
+    except ConnectionRefusedError:
+        try:  # stale: nobody is bound to it (an exporter that died)
+            os.unlink(name, dir_fd=dir_fd)
         except OSError as exc:
-            raise IngestError(f"cannot check {path}: {exc.strerror or exc}") from None
-        else:
-            raise IngestError(f"{path} is in use by another process (another exporter?)")
-        finally:
-            probe.close()
+            raise IngestError(f"cannot remove stale {path}: {exc.strerror or exc}") from None
+    except OSError as exc:
+        raise IngestError(f"cannot check {path}: {exc.strerror or exc}") from None
+    else:
+        raise IngestError(f"{path} is in use by another process (another exporter?)")
+    finally:
+        probe.close()
+
+
+def _bind_unix(path: Path, access: IngestAccess, dir_fd: int) -> tuple[socket.socket, int]:
+    """Bind ``path`` in the checked directory ``dir_fd``; the socket and its inode."""
+    name = path.name
+    target = _at(dir_fd, name, path)
+    _clear_stale(dir_fd, name, target, path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
-        sock.bind(str(path))
-        os.chmod(path, SOCKET_MODE)
+        if _SO_PASSCRED is not None:  # before bind: no datagram arrives without a sender
+            sock.setsockopt(socket.SOL_SOCKET, _SO_PASSCRED, 1)
+        # bind creates the file 0777 & ~umask: the mode is right from its first instant,
+        # and no chmod of a path another user might have swapped (the umask is
+        # process-wide: the listener starts before the exporter's other threads).
+        old = os.umask(0o777 & ~access.mode)
+        try:
+            sock.bind(target)
+        finally:
+            os.umask(old)
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+            raise IngestError(f"{path} was replaced right after bind; not using it")
+        wider = stat.S_IMODE(st.st_mode) & ~access.mode
+        if wider:
+            raise IngestError(
+                f"{path} came out mode {stat.S_IMODE(st.st_mode):04o}, wider than "
+                f"{access.mode:04o} (a default ACL on {path.parent}?)"
+            )
+        if access.group is not None and st.st_gid != access.group:
+            # follow_symlinks=False: fchownat(AT_SYMLINK_NOFOLLOW), never through a symlink
+            os.chown(name, -1, access.group, dir_fd=dir_fd, follow_symlinks=False)
     except OSError as exc:
         sock.close()
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=dir_fd)
+        if isinstance(exc, IngestError):
+            raise
         raise IngestError(f"cannot bind {path}: {exc.strerror or exc}") from None
-    return sock
+    return sock, st.st_ino
 
 
 def _bind_udp(host: str, port: int) -> socket.socket:
@@ -86,31 +219,96 @@ def _bind_udp(host: str, port: int) -> socket.socket:
     except OSError as exc:
         raise IngestError(f"cannot resolve {host}: {exc.strerror or exc}") from None
     family, kind, proto, _, addr = infos[0]
+    if not ipaddress.ip_address(addr[0]).is_loopback:
+        # config rejects non-loopback literals; a name could still resolve elsewhere
+        raise IngestError(
+            f"udp ingest binds loopback only (it is unauthenticated); {host} is {addr[0]}"
+        )
     sock = socket.socket(family, kind, proto)
     try:
         sock.bind(addr)
     except OSError as exc:
         sock.close()
         raise IngestError(f"cannot bind udp {host}:{port}: {exc.strerror or exc}") from None
-    try:
-        if not ipaddress.ip_address(addr[0]).is_loopback:
-            log.warning("ingest listens on %s, not loopback: any host can report steps", addr[0])
-    except ValueError:  # pragma: no cover - getaddrinfo returns numeric addresses
-        pass
     return sock
+
+
+def kernel_drops(sock: socket.socket) -> int | None:
+    """Datagrams the kernel dropped on ``sock`` (receive buffer full), cumulative;
+    None where the kernel does not say (not Linux, or older than 4.15)."""
+    if _SO_MEMINFO is None:
+        return None
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 4 * (_MEMINFO_DROPS + 1))
+    except OSError:
+        return None
+    if len(raw) < 4 * (_MEMINFO_DROPS + 1):
+        return None
+    return int(struct.unpack_from("I", raw, 4 * _MEMINFO_DROPS)[0])
+
+
+class PidCheck:
+    """Whether the pid a datagram reports is the sender's, given the kernel's pid.
+
+    The kernel gives the sender's pid in the exporter's PID namespace (0 when it cannot
+    name it there: the check is then skipped); the SDK reports ``os.getpid()`` in its
+    own. They differ when the sender is in a namespace below ours (a container, the
+    exporter on the host's): its own pid is the last ``NSpid`` of ``/proc/<pid>/status``.
+    That is read once per sending process and remembered.
+    """
+
+    def __init__(self, proc: Path = Path("/proc"), remember: int = 4096) -> None:
+        self._proc = proc
+        self._remember = remember
+        self._own: dict[int, int] = {}  # kernel pid -> the pid in its own namespace
+
+    def matches(self, kernel_pid: int, reported: int) -> bool:
+        """True when ``reported`` is the process ``kernel_pid`` (0: cannot tell, True)."""
+        if kernel_pid == 0 or kernel_pid == reported:
+            return True
+        own = self._own.get(kernel_pid)
+        if own is None:
+            own = self._read(kernel_pid)
+            if len(self._own) >= self._remember:
+                self._own.clear()
+            self._own[kernel_pid] = own
+        return own == reported
+
+    def _read(self, pid: int) -> int:
+        """The innermost NSpid, or -1 (the process is gone, or /proc hides it)."""
+        try:
+            with open(self._proc / str(pid) / "status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"NSpid:"):
+                        return int(line.split()[-1])
+        except (OSError, ValueError, IndexError):
+            pass
+        return -1
 
 
 class IngestListener:
     """Receives step datagrams on ``url`` and hands them to ``aggregator``."""
 
-    def __init__(self, url: str, aggregator: Aggregator) -> None:
+    def __init__(
+        self,
+        url: str,
+        aggregator: Aggregator,
+        access: IngestAccess | None = None,
+        receive_buffer: int = RECEIVE_BUFFER_BYTES,
+    ) -> None:
         self.url = url
         self._aggregator = aggregator
+        self._access = access or IngestAccess()
+        self._receive_buffer = receive_buffer
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._unix_path: Path | None = None
         self._unix_inode: int | None = None
-        self._logged_internal = False
+        self._dir_fd: int | None = None
+        self._logged: set[str] = set()
+        self._senders: dict[bytes, Sender] = {}
+        self._pids = PidCheck()
+        self._drops_known = False
 
     @property
     def up(self) -> bool:
@@ -118,18 +316,20 @@ class IngestListener:
         return self._sock is not None
 
     def _bind(self) -> socket.socket:
-        parts = urlsplit(self.url)
-        if parts.scheme == "unix":
-            path = Path(parts.path)
-            sock = _bind_unix(path)
-            self._unix_path = path
-            self._unix_inode = path.stat().st_ino
-        elif parts.scheme == "udp" and parts.hostname and parts.port is not None:
-            sock = _bind_udp(parts.hostname, parts.port)
+        address = parse_ingest_url(self.url)
+        if isinstance(address.address, str):
+            path = Path(address.address)
+            dir_fd = _socket_dir(path.parent)
+            try:
+                sock, inode = _bind_unix(path, self._access, dir_fd)
+            except BaseException:
+                os.close(dir_fd)
+                raise
+            self._unix_path, self._unix_inode, self._dir_fd = path, inode, dir_fd
         else:
-            raise IngestError(f"unsupported ingest URL {self.url!r}")
+            sock = _bind_udp(*address.address)
         with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER_BYTES)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._receive_buffer)
         sock.setblocking(False)
         return sock
 
@@ -137,7 +337,7 @@ class IngestListener:
         """Bind and start reading on ``loop``; False (and one warning) if binding failed."""
         try:
             sock = self._bind()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             log.warning(
                 "training ingest disabled: %s. GPU metrics are served as usual; "
                 "stepscope_ingest_up is 0. Set --ingest to a writable path (e.g. "
@@ -148,17 +348,36 @@ class IngestListener:
             return False
         self._sock = sock
         self._loop = loop
-        loop.add_reader(sock.fileno(), self._drain)
+        drops = kernel_drops(sock)
+        self._drops_known = drops is not None
+        self._aggregator.set_kernel_dropped(drops)
+        drain = self._drain_unix if sock.family == socket.AF_UNIX else self._drain_udp
+        loop.add_reader(sock.fileno(), drain)
         self._aggregator.set_listening(self.url)
-        log.info(
-            "training ingest listening on %s (receive buffer %d KiB)",
-            self.url,
-            sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 1024,
-        )
+        buffer_kib = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 1024
+        if sock.family == socket.AF_UNIX:
+            assert self._unix_path is not None and self._dir_fd is not None
+            st = os.stat(self._unix_path.name, dir_fd=self._dir_fd, follow_symlinks=False)
+            mode = stat.S_IMODE(st.st_mode)
+            log.info(
+                "training ingest listening on %s (mode %04o, owner %d, group %d; senders "
+                "authenticated by the kernel; receive buffer %d KiB)",
+                self.url, mode, st.st_uid, st.st_gid, buffer_kib,
+            )
+            if mode & 0o002:
+                log.warning(
+                    "the ingest socket is world-writable (ingest_mode %04o): any local user "
+                    "can report (each only as its own jobs' owner)", mode,
+                )
+        else:
+            log.info(
+                "training ingest listening on %s: UDP, unauthenticated (any local process "
+                "can report as any rank); receive buffer %d KiB", self.url, buffer_kib,
+            )
         return True
 
-    def _drain(self) -> None:
-        """Read every queued datagram (up to MAX_BATCH) and aggregate it."""
+    def _drain_udp(self) -> None:
+        """Read every queued datagram (up to MAX_BATCH) and aggregate it; no sender."""
         sock = self._sock
         if sock is None:
             return
@@ -167,26 +386,120 @@ class IngestListener:
         add = agg.add
         reject = agg.reject
         size = MAX_DATAGRAM_BYTES + 1  # a longer datagram is truncated to this: oversize
-        for _ in range(MAX_BATCH):
-            try:
-                data = recv(size)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
-                    log.debug("ingest recv failed: %s", exc)
-                return
-            try:
-                rec = parse_datagram(data, agg.limits)
-                if isinstance(rec, Rejection):
-                    reject(rec.reason)
-                else:
-                    add(rec)
-            except Exception:  # a bug must not stop the ingest or the exporter
-                reject("internal")
-                if not self._logged_internal:
-                    self._logged_internal = True
-                    log.exception("processing an ingest datagram failed")
+        try:
+            for _ in range(MAX_BATCH):
+                try:
+                    data = recv(size)
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError as exc:
+                    if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
+                        log.debug("ingest recv failed: %s", exc)
+                    return
+                try:
+                    rec = parse_datagram(data, agg.limits)
+                    if isinstance(rec, Rejection):
+                        reject(rec.reason)
+                    else:
+                        add(rec)
+                except Exception:  # a bug must not stop the ingest or the exporter
+                    self._internal("processing an ingest datagram failed")
+        finally:
+            self._read_drops(sock)
+
+    def _drain_unix(self) -> None:
+        """Read every queued datagram (up to MAX_BATCH) with its sender; check and
+        aggregate it. The sender's credentials come with every datagram."""
+        sock = self._sock
+        if sock is None:
+            return
+        recvmsg = sock.recvmsg
+        agg = self._aggregator
+        add = agg.add
+        reject = agg.reject
+        settings = agg.settings
+        allow_uids, allow_gids = settings.allow_uids, settings.allow_gids
+        restricted = bool(allow_uids or allow_gids)
+        senders = self._senders
+        pid_matches = self._pids.matches
+        size = MAX_DATAGRAM_BYTES + 1  # a longer datagram is truncated to this: oversize
+        try:
+            for _ in range(MAX_BATCH):
+                try:
+                    data, ancillary, _flags, _addr = recvmsg(size, _CRED_SPACE)
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError as exc:
+                    if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
+                        log.debug("ingest recv failed: %s", exc)
+                    return
+                try:
+                    # the common case, one credentials message, first; else the slow path
+                    if len(ancillary) == 1 and ancillary[0][1] == _SCM_CREDENTIALS:
+                        raw = ancillary[0][2]
+                        sender = senders.get(raw) or self._sender(raw)
+                    else:
+                        sender = self._sender_of(ancillary)
+                    if sender is None:  # SO_PASSCRED is set: the kernel always says who
+                        self._internal("an ingest datagram came without credentials")
+                        continue
+                    if restricted and sender.uid not in allow_uids and (
+                        sender.gid not in allow_gids
+                    ):
+                        reject("not_allowed")  # before parsing: costs a refused sender least
+                        continue
+                    rec = parse_datagram(data, agg.limits)
+                    if isinstance(rec, Rejection):
+                        reject(rec.reason)
+                    elif (
+                        rec.pid is not None
+                        and rec.pid != sender.pid
+                        and not pid_matches(sender.pid, rec.pid)
+                    ):
+                        reject("bad_pid")
+                    else:
+                        add(rec, sender)
+                except Exception:  # a bug must not stop the ingest or the exporter
+                    self._internal("processing an ingest datagram failed")
+        finally:
+            self._read_drops(sock)
+
+    def _sender(self, raw: bytes) -> Sender | None:
+        if len(raw) < _UCRED.size:
+            return None
+        pid, uid, gid = _UCRED.unpack_from(raw)
+        sender = Sender(uid, gid, pid)
+        if len(self._senders) >= _SENDER_CACHE:
+            self._senders.clear()
+        self._senders[raw] = sender
+        return sender
+
+    def _sender_of(self, ancillary: list[tuple[int, int, bytes]]) -> Sender | None:
+        """The credentials among several control messages; file descriptors a hostile
+        sender attached (should any fit in the buffer) are closed, never kept."""
+        sender = None
+        for level, kind, raw in ancillary:
+            if level != socket.SOL_SOCKET:
+                continue
+            if kind == _SCM_CREDENTIALS:
+                sender = self._senders.get(raw) or self._sender(raw)
+            elif kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(raw[: len(raw) - len(raw) % fds.itemsize])
+                for fd in fds:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+        return sender
+
+    def _read_drops(self, sock: socket.socket) -> None:
+        if self._drops_known:
+            self._aggregator.set_kernel_dropped(kernel_drops(sock))
+
+    def _internal(self, message: str) -> None:
+        self._aggregator.reject("internal")
+        if message not in self._logged:  # once: a flood must not flood the log
+            self._logged.add(message)
+            log.error(message, exc_info=sys.exc_info()[0] is not None)
 
     def close(self) -> None:
         """Stop reading, close the socket and remove the socket file we created."""
@@ -197,9 +510,12 @@ class IngestListener:
             self._loop.remove_reader(sock.fileno())
         sock.close()
         self._aggregator.set_listening(None)
-        path = self._unix_path
-        if path is not None:
-            # only our own socket: another exporter may have replaced it since
-            with contextlib.suppress(OSError):
-                if path.stat().st_ino == self._unix_inode:
-                    path.unlink()
+        dir_fd, self._dir_fd = self._dir_fd, None
+        if dir_fd is None or self._unix_path is None:
+            return
+        name = self._unix_path.name
+        # only our own socket: another exporter may have replaced it since
+        with contextlib.suppress(OSError):
+            if os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino == self._unix_inode:
+                os.unlink(name, dir_fd=dir_fd)
+        os.close(dir_fd)

@@ -131,7 +131,8 @@ def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
 
 
 def ingest_families(view: TrainingView) -> list[Family]:
-    """The ingest's health: bound or not, datagrams accepted and rejected, ranks tracked."""
+    """The ingest's health: bound or not, datagrams accepted, rejected and dropped by the
+    kernel, ranks tracked."""
     up = Family(
         "stepscope_ingest_up",
         GAUGE,
@@ -157,7 +158,18 @@ def ingest_families(view: TrainingView) -> list[Family]:
         "Training ranks tracked on this node (ranks silent for rank_expiry are dropped).",
     )
     ranks.add("", float(len(view.ranks)))
-    return [up, accepted, rejected, ranks]
+    families = [up, accepted, rejected, ranks]
+    if view.kernel_dropped is not None:  # absent where the kernel does not count them
+        dropped = Family(
+            "stepscope_ingest_kernel_dropped_total",
+            COUNTER,
+            "Datagrams the kernel dropped on the ingest socket because its receive buffer "
+            "was full (UDP; a Unix socket makes the sender wait or fail instead, counted "
+            "by the SDK).",
+        )
+        dropped.add("", float(view.kernel_dropped))
+        families.append(dropped)
+    return families
 
 
 def training_families(view: TrainingView, labels: LabelSchema) -> list[Family]:

@@ -1,0 +1,231 @@
+"""The ingest socket is created safely and its kernel drops are visible (issue 15,
+finding 7 and the UDP receive-buffer drops).
+
+The socket used to be chmod-ed to 0666 after bind: with an attacker-writable socket
+directory, swapping the socket for a symlink between the two calls turned a root-owned
+0600 file 0666; an existing socket directory was reused whoever owned it. A UDP flood
+lost 6.75 M datagrams in the kernel without a trace in the exporter's metrics.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import json
+import os
+import shutil
+import socket
+import stat
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import Exporter, parse_samples, start_exporter
+from stepscope.core.exposition import render
+from stepscope.ingest.aggregate import Aggregator, TrainingView
+from stepscope.ingest.listener import IngestAccess, IngestListener, kernel_drops
+from stepscope.ingest.metrics import ingest_families
+from test_ingest_serve import step, value
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="ss-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class Running:
+    """An IngestListener on a private event loop, pumped by the test (no threads)."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        self.aggregator = Aggregator()
+        self.loop = asyncio.new_event_loop()
+        self.listener = IngestListener(url, self.aggregator, **kwargs)
+
+    def start(self) -> bool:
+        return self.listener.start(self.loop)
+
+    def pump_until(
+        self, done: Callable[[TrainingView], bool], timeout: float = 15.0
+    ) -> TrainingView:
+        """Run the loop (the listener drains) until ``done(view)``, with a deadline."""
+        deadline = time.monotonic() + timeout
+        while True:
+            view = self.aggregator.view()
+            if done(view):
+                return view
+            assert time.monotonic() < deadline, f"not reached; last view {view!r}"
+            self.loop.run_until_complete(asyncio.sleep(0.01))
+
+    def close(self) -> None:
+        self.listener.close()
+        self.loop.close()
+
+
+@pytest.fixture
+def running() -> Iterator[list[Running]]:
+    made: list[Running] = []
+    yield made
+    for r in made:
+        r.close()
+
+
+def listen(made: list[Running], url: str, **kwargs: Any) -> Running:
+    r = Running(url, **kwargs)
+    made.append(r)
+    return r
+
+
+def refuses(made: list[Running], url: str, words: str, caplog: pytest.LogCaptureFixture,
+            **kwargs: Any) -> None:
+    r = listen(made, url, **kwargs)
+    assert r.start() is False
+    assert not r.aggregator.view().ingest_up
+    (warning,) = [rec.getMessage() for rec in caplog.records if "ingest disabled" in
+                  rec.getMessage()]
+    assert words in warning, warning
+
+
+def test_the_socket_gets_its_mode_at_bind_and_a_missing_directory_is_made_0755(
+    base: Path, running: list[Running]
+) -> None:
+    path = base / "new" / "ingest.sock"
+    r = listen(running, f"unix://{path}", access=IngestAccess(mode=0o620))
+    assert r.start()
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o755
+    assert stat.S_IMODE(path.stat().st_mode) == 0o620
+    r.listener.close()
+    assert not path.exists()
+
+
+def test_an_existing_directory_of_another_user_is_refused(
+    base: Path, running: list[Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a directory another uid owns needs root")
+    theirs = base / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    refuses(running, f"unix://{theirs}/ingest.sock", f"{theirs} belongs to uid 65534", caplog)
+    assert list(theirs.iterdir()) == []
+
+
+def test_a_directory_other_users_can_write_is_refused_unless_sticky(
+    base: Path, running: list[Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    open_dir = base / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    refuses(running, f"unix://{open_dir}/ingest.sock", "writable by other users (mode 0777)",
+            caplog)
+    sticky = base / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)  # like /tmp: others cannot rename or remove what we create
+    r = listen(running, f"unix://{sticky}/ingest.sock")
+    assert r.start()
+
+
+def test_a_symlinked_socket_directory_is_refused(
+    base: Path, running: list[Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    real = base / "real"
+    real.mkdir()
+    (base / "link").symlink_to(real)
+    refuses(running, f"unix://{base}/link/ingest.sock", "is a symlink", caplog)
+
+
+@pytest.mark.parametrize("group", [None, NOBODY])
+def test_a_socket_swapped_for_a_symlink_after_bind_never_changes_the_target(
+    base: Path, running: list[Running], monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, group: int | None,
+) -> None:
+    """The race of finding 7, made deterministic: right after bind, "the attacker"
+    replaces the socket with a symlink to a root-only file. The old code then chmod-ed
+    the symlink's target 0666; now nothing after bind follows a path."""
+    victim = base / "shadow"
+    victim.write_text("secret\n")
+    victim.chmod(0o600)
+    before = victim.stat()
+    sticky = base / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    path = sticky / "ingest.sock"
+    real_bind = socket.socket.bind
+
+    def bind_then_swap(self: socket.socket, address: Any) -> None:
+        real_bind(self, address)
+        if self.family == socket.AF_UNIX:
+            path.unlink()
+            path.symlink_to(victim)
+
+    monkeypatch.setattr(socket.socket, "bind", bind_then_swap)
+    refuses(running, f"unix://{path}", "was replaced right after bind", caplog,
+            access=IngestAccess(mode=0o666, group=group))
+    after = victim.stat()
+    assert (stat.S_IMODE(after.st_mode), after.st_uid, after.st_gid) == (
+        0o600, before.st_uid, before.st_gid)
+    assert victim.read_text() == "secret\n"
+
+
+def test_the_exporter_refuses_an_attacker_owned_directory_and_keeps_serving(
+    base: Path,
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a directory another uid owns needs root")
+    theirs = base / "stepscope"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    exp: Exporter = start_exporter(["--simulate", "1", "--ingest", f"unix://{theirs}/s.sock"])
+    try:
+        fams = parse_samples(exp.metrics())
+        assert value(fams, "stepscope_ingest_up") == 0
+        assert value(fams, "DCGM_FI_DEV_GPU_UTIL", gpu="0") is not None
+        assert any("belongs to uid 65534" in ln for ln in exp.stderr_lines)
+        assert exp.stop() == 0
+    finally:
+        if exp.proc.poll() is None:
+            exp.proc.kill()
+
+
+def test_udp_receive_buffer_drops_are_counted(running: list[Running]) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # a small buffer, and nobody draining while the burst arrives
+    r = listen(running, f"udp://127.0.0.1:{port}", receive_buffer=16 << 10)
+    assert r.start()
+    if kernel_drops(r.listener._sock) is None:  # type: ignore[arg-type]
+        pytest.skip("this kernel does not count socket drops (SO_MEMINFO, Linux >= 4.15)")
+    data = json.dumps(step("burst", 0, 0, time.time(), None)).encode()
+    sent = 2000
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+        for _ in range(sent):
+            sender.sendto(data, ("127.0.0.1", port))
+    view = r.pump_until(lambda v: v.accepted + (v.kernel_dropped or 0) == sent)
+    assert view.kernel_dropped and view.kernel_dropped > 0 and view.accepted > 0
+    served = parse_samples(render(ingest_families(view)).decode())
+    assert served["stepscope_ingest_kernel_dropped_total"] == [({}, view.kernel_dropped)]
+
+
+def test_file_descriptors_a_sender_attaches_are_not_kept(
+    base: Path, running: list[Running]
+) -> None:
+    path = base / "ingest.sock"
+    r = listen(running, f"unix://{path}")
+    assert r.start()
+    open_before = len(os.listdir("/proc/self/fd"))
+    data = json.dumps(step("fds", 0, 0, time.time(), None)).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender, open(os.devnull) as f:
+        fds = array.array("i", [f.fileno()] * 8)
+        for i in range(1, 51):  # one at a time: the queue may hold as few as 10
+            sender.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], 0, str(path))
+            r.pump_until(lambda v, n=i: v.accepted == n)
+    assert len(os.listdir("/proc/self/fd")) == open_before
