@@ -58,12 +58,13 @@ class Row:
 
 
 def messages(uuid: str = "GPU-00000000-0000-0000-0000-000000000000") -> list[bytes]:
-    """One realistic datagram per rank (what the SDK sends), pre-encoded."""
+    """One realistic datagram per rank (what the SDK sends), pre-encoded. The pid is this
+    process's: the exporter checks it against the sender's pid the kernel reports."""
     now = time.time()
     return [
         json.dumps(
             {"v": 1, "type": "step", "job": "bench-llama", "rank": r, "local_rank": r,
-             "world_size": RANKS, "pid": 10000 + r, "uuid": uuid, "step": 12345,
+             "world_size": RANKS, "pid": os.getpid(), "uuid": uuid, "step": 12345,
              "warmup": False, "t": now, "dur": 0.512, "data": 0.011, "compute": 0.45,
              "comm": 0.031, "tokens": 16384, "flops": 1.2e15, "precision": "bf16",
              "dropped": 0},
