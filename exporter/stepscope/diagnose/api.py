@@ -38,6 +38,7 @@ def verdict_document(v: Verdict) -> dict[str, Any]:
         "kind": v.kind,
         "modifiers": list(v.modifiers),
         "bottleneck": v.bottleneck,
+        "fault": v.fault,
         "advice": v.advice,
         "evidence": list(v.evidence),
         "signals": {k: _number(x) for k, x in v.signals.items()},
@@ -48,11 +49,14 @@ def verdict_document(v: Verdict) -> dict[str, Any]:
 def diagnosis_document(published: Published | None) -> dict[str, Any]:
     """The whole document; ``status`` is ``unknown`` until a diagnosis exists.
 
-    ``sources``: every source's health and the evidence lines it gives about the node.
+    ``faults``: the subjects with a hardware fault (also among ``verdicts``), so a script
+    finds them without reading every verdict. ``sources``: every source's health and
+    the evidence lines it gives about the node. A GPU that is down has ``gpu_up`` 0 and
+    no other GPU signal: its readings before it went down are not current.
     """
     diag = published.result(DIAGNOSIS, Diagnosis) if published is not None else None
     if published is None or diag is None:
-        return {"version": API_VERSION, "status": "unknown", "verdicts": []}
+        return {"version": API_VERSION, "status": "unknown", "faults": [], "verdicts": []}
     snapshot = published.snapshot
     gpu = snapshot.part(GPU_PART)
     return {
@@ -64,6 +68,11 @@ def diagnosis_document(published: Published | None) -> dict[str, Any]:
         "window_seconds": round(diag.window_seconds, 3),
         "samples": diag.samples,
         "status": diag.status,
+        "faults": [
+            {"subject": v.subject.name, "gpu": v.subject.gpu, "uuid": v.subject.uuid or None,
+             "modifiers": list(v.modifiers), "advice": v.advice}
+            for v in diag.faults
+        ],
         "rdma_ports": len(rdma) if (rdma := snapshot.part(RDMA_PART)) is not None else 0,
         "thresholds": dataclasses.asdict(diag.thresholds),
         "sources": {

@@ -104,7 +104,7 @@ def _row(v: dict[str, Any]) -> list[str]:
     kind = v["kind"] + "".join(f"+{m}" for m in v["modifiers"])
     return [
         v["subject"]["name"],
-        _fmt(s.get("sm_active")),
+        "DOWN" if s.get("gpu_up") == 0 else _fmt(s.get("sm_active")),
         _fmt(s.get("gpu_util"), "util"),
         _fmt(s.get("sm_occupancy")),
         f"{_fmt(s.get('tensor_active'))}/{_fmt(s.get('fp32_active'))}",
@@ -133,7 +133,14 @@ def render_local(doc: dict[str, Any]) -> str:
         return head + "\nno GPUs and no training ranks to judge yet"
     header = ["SUBJECT", "SM", "UTIL", "OCC", "TENSOR/FP32", "STEP s",
               "DATA/COMP/COMM/OTHER", "MFU", "VERDICT"]  # fmt: skip
-    out = [head, "", _table(header, [_row(v) for v in verdicts]), ""]
+    out = [head, ""]
+    faults = [v for v in verdicts if v.get("fault")]
+    if faults:  # first, before any performance verdict: these GPUs need an SRE
+        out.append(f"HARDWARE FAULT on {len(faults)} subject(s): drain before it runs jobs")
+        out += [f"  {v['subject']['name']}: {', '.join(v['modifiers'])}: {v['advice']}"
+                for v in faults]  # fmt: skip
+        out.append("")
+    out += [_table(header, [_row(v) for v in verdicts]), ""]
     for v in verdicts:
         out.append(f"{v['subject']['name']}: {v['kind']}: {v['advice']}")
         out += [f"    - {e}" for e in v["evidence"]]

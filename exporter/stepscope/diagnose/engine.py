@@ -18,6 +18,8 @@ from typing import Protocol
 from stepscope.core.snapshot import Snapshot
 from stepscope.datagram import PHASES, Phases
 from stepscope.diagnose.advice import advice_for
+from stepscope.diagnose.faults import Fault, HeldXid, gpu_faults, noted_xids
+from stepscope.diagnose.finished import FinishedRank
 from stepscope.diagnose.model import Diagnosis, Subject, Verdict
 from stepscope.diagnose.thresholds import Thresholds
 from stepscope.gpu.fields import POWER_EVENTS, THERMAL_EVENTS
@@ -68,7 +70,8 @@ def _num(v: float | None, fmt: str = ".2f") -> str:
 
 @dataclass(frozen=True)
 class GpuWindow:
-    """One GPU's signals averaged over the window (None: not measured)."""
+    """One GPU's signals averaged over the window (None: not measured, or the GPU is
+    down now: a down GPU's earlier readings are never shown as current)."""
 
     info: GpuInfo
     up: bool
@@ -77,9 +80,12 @@ class GpuWindow:
     occupancy: float | None
     tensor: float | None
     fp32: float | None
+    dram: float | None
     thermal_share: float
     power_share: float
     series: dict[str, tuple[float | None, ...]]
+    faults: tuple[Fault, ...] = ()
+    notes: tuple[str, ...] = ()  # non-critical XIDs in the window
 
 
 def _event_share(
@@ -96,13 +102,21 @@ def _event_share(
     return max(by_mask, min(1.0, by_counter))
 
 
-def gpu_window(uuid: str, window: Sequence[Snapshot]) -> GpuWindow | None:
-    """The GPU ``uuid`` over the window, or None if the newest snapshot lacks it."""
+def gpu_window(
+    uuid: str,
+    window: Sequence[Snapshot],
+    th: Thresholds | None = None,
+    held: HeldXid | None = None,
+) -> GpuWindow | None:
+    """The GPU ``uuid`` over the window, or None if the newest snapshot lacks it.
+
+    With ``th``, its hardware faults are judged too (``held``: a critical XID the
+    diagnosis holds against it beyond the window)."""
     if _gpu(window[-1], uuid) is None:
         return None
-    states = [g for s in window if (g := _gpu(s, uuid)) is not None]
-    latest = states[-1]
-    live = [g for g in states if g.up]
+    timed = [(s.monotonic, g) for s in window if (g := _gpu(s, uuid)) is not None]
+    latest = timed[-1][1]
+    live = [g for _, g in timed if g.up] if latest.up else []
     span = window[-1].monotonic - window[0].monotonic
 
     def series(key: str) -> tuple[float | None, ...]:
@@ -110,6 +124,9 @@ def gpu_window(uuid: str, window: Sequence[Snapshot]) -> GpuWindow | None:
 
     sm = series("sm_active")
     util = series("gpu_util")
+    faults: tuple[Fault, ...] = ()
+    if th is not None:
+        faults = gpu_faults(timed, held, window[-1].monotonic, window[-1].slow_interval, th)
     return GpuWindow(
         info=latest.info,
         up=latest.up,
@@ -118,9 +135,12 @@ def gpu_window(uuid: str, window: Sequence[Snapshot]) -> GpuWindow | None:
         occupancy=_mean(series("sm_occupancy")),
         tensor=_mean(series("pipe_tensor_active")),
         fp32=_mean(series("pipe_fp32_active")),
+        dram=_mean(series("dram_active")),
         thermal_share=_event_share(live, _THERMAL_BITS, "thermal_violation", span),
         power_share=_event_share(live, _POWER_BITS, "power_violation", span),
         series={"sm_active": sm, "gpu_util": util},
+        faults=faults,
+        notes=tuple(noted_xids(timed[0][1], latest)),
     )
 
 
@@ -131,7 +151,18 @@ def _compute_modifiers(gpu: GpuWindow | None, th: Thresholds) -> tuple[list[str]
     if gpu is None:
         return mods, ev
     fp32, tensor, occ, sm = gpu.fp32, gpu.tensor, gpu.occupancy, gpu.sm_active
-    if fp32 is not None and tensor is not None and fp32 >= th.fp32_active > 0 and (
+    dram = gpu.dram
+    memory_bound = (
+        dram is not None and tensor is not None and dram >= th.dram_busy > 0
+        and tensor < th.tensor_idle
+    )  # fmt: skip
+    if memory_bound:
+        # the DRAM interface, not the math, sets the pace: an FP32 pipe busy beside it is
+        # element-wise math in fp32 registers (bf16 upcast), which tensor cores won't take
+        mods.append("memory_bound")
+        ev.append(f"DRAM active {_pct(dram)} while tensor pipes {_pct(tensor)}: the kernels "
+                  "wait on memory bandwidth (element-wise, normalisation, optimizer)")
+    elif fp32 is not None and tensor is not None and fp32 >= th.fp32_active > 0 and (
         tensor < th.tensor_idle
     ):
         mods.append("fp32_no_tensor")
@@ -153,12 +184,16 @@ def _compute_modifiers(gpu: GpuWindow | None, th: Thresholds) -> tuple[list[str]
 def _gpu_signals(gpu: GpuWindow | None) -> dict[str, float | None]:
     if gpu is None:
         return {}
+    if not gpu.up:  # nothing read now is current: absent, never the last values
+        return {"gpu_up": 0.0}
     return {
+        "gpu_up": 1.0,
         "sm_active": gpu.sm_active,
         "gpu_util": gpu.gpu_util,
         "sm_occupancy": gpu.occupancy,
         "tensor_active": gpu.tensor,
         "fp32_active": gpu.fp32,
+        "dram_active": gpu.dram,
         "thermal_share": gpu.thermal_share,
         "power_share": gpu.power_share,
     }
@@ -167,9 +202,13 @@ def _gpu_signals(gpu: GpuWindow | None) -> dict[str, float | None]:
 def _gpu_evidence(gpu: GpuWindow | None) -> list[str]:
     if gpu is None:
         return []
+    if not gpu.up:
+        return [f"GPU {gpu.info.index} is down: no current reading"]
     return [
         f"GPU {gpu.info.index}: SM active {_pct(gpu.sm_active)}, util "
-        f"{_num(gpu.gpu_util, '.0f')}%, occupancy {_pct(gpu.occupancy)}"
+        f"{_num(gpu.gpu_util, '.0f')}%, occupancy {_pct(gpu.occupancy)}, DRAM "
+        f"{_pct(gpu.dram)}",
+        *gpu.notes,
     ]
 
 
@@ -183,7 +222,7 @@ def _gpu_idle(gpu: GpuWindow, th: Thresholds) -> bool:
 
 class _MakeVerdict(Protocol):
     def __call__(
-        self, kind: str, mods: Sequence[str] = (), why: Sequence[str] = ()
+        self, kind: str, mods: Sequence[str] = (), why: Sequence[str] = (), advice: str = ""
     ) -> Verdict: ...
 
 
@@ -195,18 +234,32 @@ def _verdict_maker(
 ) -> _MakeVerdict:
     """A verdict constructor for one subject: its evidence so far plus the rule's ``why``."""
 
-    def verdict(kind: str, mods: Sequence[str] = (), why: Sequence[str] = ()) -> Verdict:
+    def verdict(
+        kind: str, mods: Sequence[str] = (), why: Sequence[str] = (), advice: str = ""
+    ) -> Verdict:
         return Verdict(
             subject,
             kind,
             tuple(mods),
-            advice_for(kind, tuple(mods)),
+            advice or advice_for(kind, tuple(mods)),
             tuple([*ev, *why]),
             signals,
             series,
         )
 
     return verdict
+
+
+def _fault_verdict(gpu: GpuWindow, verdict: _MakeVerdict) -> Verdict:
+    """``gpu_fault``: every fault named (a modifier each), the most urgent one's action
+    as the advice, each fault's evidence and action in the evidence."""
+    first, *rest = gpu.faults
+    advice = f"Hardware fault on GPU {gpu.info.index} ({first.modifier}): {first.action}"
+    if rest:
+        advice += " Also: " + ", ".join(f.modifier for f in rest) + "."
+    why = [f"{f.modifier}: {f.evidence}" for f in gpu.faults]
+    why += [f"{f.modifier}: {f.action}" for f in rest]
+    return verdict("gpu_fault", [f.modifier for f in gpu.faults], why, advice)
 
 
 def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
@@ -217,6 +270,8 @@ def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
 
     verdict = _verdict_maker(subject, ev, signals, gpu.series)
 
+    if gpu.faults:  # hardware health outranks performance
+        return _fault_verdict(gpu, verdict)
     if not gpu.up:
         return verdict("unknown", why=["the GPU is down (stopped answering NVML)"])
     if gpu.gpu_util is None:
@@ -501,6 +556,8 @@ def rank_verdict(
 
     verdict = _verdict_maker(subject, ev, signals, history)
 
+    if gpu is not None and gpu.faults:  # hardware health outranks performance
+        return _fault_verdict(gpu, verdict)
     if rw.steps < th.min_steps:
         if rw.all_steps == 0:
             if gpu is None or _gpu_idle(gpu, th):
@@ -522,10 +579,13 @@ def rank_verdict(
     if comm >= th.comm_share:
         return _comm_verdict(rw, peers, window, th, verdict)
     if compute >= other:
+        sm = gpu.sm_active if gpu is not None else None
+        if gpu is not None and sm is not None and sm < th.host_bound_sm_active:
+            return _idle_body_verdict(gpu, sm, compute, host, th, verdict)
         mods, why = _compute_modifiers(gpu, th)
-        if gpu is not None and gpu.sm_active is not None and gpu.sm_active < th.sm_active_busy:
+        if sm is not None and sm < th.sm_active_busy:
             why.append(
-                f"compute dominates the step but SM active is only {_pct(gpu.sm_active)}: "
+                f"compute dominates the step but SM active is only {_pct(sm)}: partly "
                 "small kernels or host-bound launches"
             )
         return verdict("compute", mods, why)
@@ -534,6 +594,45 @@ def rank_verdict(
         why=[f"most of the step ({_pct(other)}) is outside the timed loader and step body: "
              "logging, evaluation, checkpoints, or an untimed loader"],
     )  # fmt: skip
+
+
+def _idle_body_verdict(
+    gpu: GpuWindow,
+    sm: float,
+    compute: float,
+    host: HostWindow | None,
+    th: Thresholds,
+    verdict: _MakeVerdict,
+) -> Verdict:
+    """The step body dominates while the SMs mostly idle: host-bound, small grids, or
+    a body that waits on something that is neither the CPU nor the GPU."""
+    util = gpu.gpu_util
+    head = f"the step body is {_pct(compute)} of the step while SM active is {_pct(sm)}"
+    if util is not None and util >= th.busy_gpu_util:
+        # kernels run back to back, each on few SMs: the GPU is the limit, badly filled
+        mods, why = _compute_modifiers(gpu, th)
+        why.append(f"{head} and kernels run {util:.0f}% of the time: small grids leave most "
+                   "SMs idle; a larger batch or fused kernels fill the GPU")
+        return verdict("compute", mods, why)
+    proc = host.process if host is not None else None
+    if proc is None:
+        return verdict("host_bound", why=[
+            f"{head}: the GPU idles between kernels",
+            "the rank's process is not visible (another PID namespace?): its CPU was not "
+            "checked, the idle GPU during the step body is the evidence",
+        ])  # fmt: skip
+    if proc.cpu_cores >= th.main_cpu_busy:
+        return verdict("host_bound", why=[
+            f"{head}: the GPU idles between kernels",
+            f"the training process keeps {proc.cpu_cores:.2f} CPU cores busy launching "
+            "kernels and waiting on host syncs (.item(), .cpu()): the CPU feeds the GPU "
+            "too slowly",
+        ])  # fmt: skip
+    return verdict("unknown", why=[
+        f"{head} and the training process uses only {proc.cpu_cores:.2f} cores: the step "
+        "body waits on something that is neither the GPU nor the CPU (a blocking call, "
+        "a lock, I/O inside the step?)",
+    ])  # fmt: skip
 
 
 def _comm_verdict(
@@ -579,12 +678,42 @@ def _comm_verdict(
     return verdict("communication", mods, why)
 
 
-def diagnose(window: Sequence[Snapshot], th: Thresholds) -> Diagnosis:
-    """Every verdict for the newest snapshot of ``window`` (oldest first)."""
+def finished_verdict(rw: RankWindow, gpu: GpuWindow | None, mark: FinishedRank,
+                     now: float) -> Verdict:  # fmt: skip
+    """``finished``: the rank's process has ended; its verdict drops out after a linger."""
+    r = rw.view
+    subject = Subject(
+        job=r.job, rank=r.rank, local_rank=r.local_rank,
+        gpu=gpu.info.index if gpu else None, uuid=gpu.info.uuid if gpu else "",
+        model=gpu.info.name if gpu else "",
+    )  # fmt: skip
+    return Verdict(
+        subject,
+        "finished",
+        advice=advice_for("finished", ()),
+        evidence=(f"{mark.reason} {now - mark.since:.0f} s ago, after {r.steps} steps",),
+        signals={"steps": float(rw.steps)},
+    )
+
+
+def diagnose(
+    window: Sequence[Snapshot],
+    th: Thresholds,
+    held: Mapping[str, HeldXid] | None = None,
+    finished: Mapping[tuple[str, int], FinishedRank] | None = None,
+) -> Diagnosis:
+    """Every verdict for the newest snapshot of ``window`` (oldest first).
+
+    ``held``: critical XIDs held against GPUs (by UUID) beyond the window;
+    ``finished``: ranks whose process has ended (by job and rank), kept by the caller
+    across passes (:class:`~stepscope.diagnose.analysis.DiagnosisAnalysis`)."""
     if not window:
         return Diagnosis(0.0, 0, thresholds=th)
+    held = held or {}
+    finished = finished or {}
     latest = window[-1]
-    span = latest.monotonic - window[0].monotonic
+    now = latest.monotonic
+    span = now - window[0].monotonic
     verdicts: list[Verdict] = []
     by_job: dict[str, list[RankWindow]] = {}
     for r in _training(latest).ranks:
@@ -593,10 +722,26 @@ def diagnose(window: Sequence[Snapshot], th: Thresholds) -> Diagnosis:
             by_job.setdefault(r.job, []).append(rw)
     claimed: set[str] = set()
     for ranks in by_job.values():
-        peers = JobPeers.of(ranks, th)
+        live = []
         for rw in ranks:
+            mark = finished.get((rw.view.job, rw.view.rank))
+            if mark is None:
+                live.append(rw)
+                continue
+            if now - mark.since >= th.finished_linger:
+                continue  # dropped out: its GPU is judged on its own again
             uuid = rw.view.uuid
-            gpu = gpu_window(uuid, window) if uuid else None
+            gpu = gpu_window(uuid, window, th, held.get(uuid)) if uuid else None
+            if gpu is not None and gpu.faults:
+                live.append(rw)  # a fault outranks "finished": the GPU needs attention
+                continue
+            if gpu is not None:
+                claimed.add(gpu.info.uuid)
+            verdicts.append(finished_verdict(rw, gpu, mark, now))
+        peers = JobPeers.of(live, th)
+        for rw in live:
+            uuid = rw.view.uuid
+            gpu = gpu_window(uuid, window, th, held.get(uuid)) if uuid else None
             if gpu is not None:
                 claimed.add(gpu.info.uuid)
             host = host_window(rw.view.pid, window)
@@ -604,8 +749,7 @@ def diagnose(window: Sequence[Snapshot], th: Thresholds) -> Diagnosis:
     for g in _gpus(latest):
         if g.info.uuid in claimed:
             continue
-        gw = gpu_window(g.info.uuid, window)
+        gw = gpu_window(g.info.uuid, window, th, held.get(g.info.uuid))
         if gw is not None:
             verdicts.append(gpu_verdict(gw, th))
     return Diagnosis(span, len(window), tuple(verdicts), th)
-

@@ -8,29 +8,46 @@ from dataclasses import dataclass, field
 from stepscope.diagnose.thresholds import Thresholds
 
 # Verdict kinds, in the order they are served (one-hot ``stepscope_bottleneck{kind}``).
+# ``gpu_fault`` outranks every performance verdict: a GPU that is down or must be
+# drained reads ``gpu_fault`` whatever its steps look like.
 KINDS: tuple[str, ...] = (
+    "gpu_fault",
     "compute",
+    "host_bound",
     "input_cpu",
     "input_io",
     "input",
     "communication",
     "waiting_on_peer",
     "idle",
+    "finished",
     "unknown",
+)
+# The hardware faults a ``gpu_fault`` verdict names (one modifier each), most urgent first.
+FAULT_MODIFIERS: tuple[str, ...] = (
+    "gpu_down",
+    "xid_critical",
+    "row_remap_failed",
+    "ecc_uncorrectable",
+    "row_remap_pending",
+    "pcie_replay_storm",
 )
 # Qualifiers of a verdict (``stepscope_bottleneck_modifier{modifier}``).
 MODIFIERS: tuple[str, ...] = (
     "fp32_no_tensor",
     "low_occupancy",
+    "memory_bound",
     "thermal_throttle",
     "power_cap",
     "tcp_suspected",
+    *FAULT_MODIFIERS,
 )
-# Kinds that mean "time is leaking": `stepscope diagnose` exits 1 on one of these,
-# or on a thermally throttled GPU (the classic straggler).
+# Kinds that mean "time is leaking" (or the hardware is broken): `stepscope diagnose`
+# exits 1 on one of these, or on a thermally throttled GPU (the classic straggler).
 BOTTLENECK_KINDS: frozenset[str] = frozenset(
-    {"input_cpu", "input_io", "input", "communication", "waiting_on_peer"}
-)
+    {"gpu_fault", "host_bound", "input_cpu", "input_io", "input", "communication",
+     "waiting_on_peer"}
+)  # fmt: skip
 ALERT_MODIFIERS: frozenset[str] = frozenset({"thermal_throttle", "tcp_suspected"})
 
 
@@ -77,6 +94,11 @@ class Verdict:
         """Whether this verdict says time is leaking (exit status 1 of ``diagnose``)."""
         return self.kind in BOTTLENECK_KINDS or bool(ALERT_MODIFIERS & set(self.modifiers))
 
+    @property
+    def fault(self) -> bool:
+        """Whether this verdict is a hardware fault (drain, reset or replace the GPU)."""
+        return self.kind == "gpu_fault"
+
 
 @dataclass(frozen=True)
 class Diagnosis:
@@ -89,9 +111,17 @@ class Diagnosis:
 
     @property
     def status(self) -> str:
-        """``bottleneck``, ``healthy`` or ``unknown`` (nothing to tell from)."""
+        """``bottleneck``, ``healthy`` or ``unknown`` (nothing to tell from).
+
+        A hardware fault is a ``bottleneck`` too (exit status 1); :attr:`faults` says
+        which verdicts are faults."""
         if any(v.bottleneck for v in self.verdicts):
             return "bottleneck"
         if not self.verdicts or all(v.kind == "unknown" for v in self.verdicts):
             return "unknown"
         return "healthy"
+
+    @property
+    def faults(self) -> tuple[Verdict, ...]:
+        """The verdicts that name a hardware fault."""
+        return tuple(v for v in self.verdicts if v.fault)

@@ -4,6 +4,9 @@ Rendered on the server from the latest Snapshot (no JavaScript, no external asse
 the browser reloads it every couple of sampling intervals. Each card shows SM active
 vs GPU utilization vs occupancy, tensor vs FP32 pipes, step time with its phases as a
 small stacked chart over the diagnosis window, and the verdict with its advice.
+A hardware fault cannot be missed: a red banner under the header names every faulted
+GPU and what to do, the page title starts with "FAULT", and faulted cards come first.
+A GPU that is down shows no readings at all (never its last ones), and says so.
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ font-size:12px;margin:2px 0}
 .advice{margin:8px 0 4px}.evidence{color:#4a525a;font-size:12px;margin:0;padding-left:16px}
 .legend span{display:inline-block;width:9px;height:9px;margin:0 3px 0 8px}
 .empty{padding:20px}
+.faults{background:#8f1d12;color:#fff;padding:12px 18px;font-size:15px}
+.faults h2{margin:0 0 6px;font-size:18px}.faults ul{margin:0;padding-left:18px}
+.card.fault{border:3px solid #8f1d12;border-top-width:8px;background:#fff5f3}
+.fault .verdict{background:#8f1d12;color:#fff}
+.down{color:#8f1d12;font-weight:600;margin:4px 0}
 """
 
 
@@ -90,15 +98,20 @@ def _chart(v: Verdict, width: int = 300, height: int = 60) -> str:
 
 def _card(v: Verdict) -> str:
     s = v.signals
-    cls = "bottleneck" if v.bottleneck else v.kind
+    cls = "fault" if v.fault else "bottleneck" if v.bottleneck else v.kind
     kind = v.kind + "".join(f" + {m}" for m in v.modifiers)
-    rows = [
-        _meter("SM active", s.get("sm_active")),
-        _meter("GPU util", s.get("gpu_util"), 100.0),
-        _meter("occupancy", s.get("sm_occupancy")),
-        _meter("tensor", s.get("tensor_active")),
-        _meter("FP32", s.get("fp32_active")),
-    ]
+    if s.get("gpu_up") == 0.0:
+        # a down GPU has no current reading: say so instead of drawing stale bars
+        rows = ['<p class="down">GPU down: no current reading</p>']
+    else:
+        rows = [
+            _meter("SM active", s.get("sm_active")),
+            _meter("GPU util", s.get("gpu_util"), 100.0),
+            _meter("occupancy", s.get("sm_occupancy")),
+            _meter("tensor", s.get("tensor_active")),
+            _meter("FP32", s.get("fp32_active")),
+            _meter("DRAM", s.get("dram_active")),
+        ]
     if s.get("mfu") is not None:
         rows.append(_meter("MFU", s.get("mfu")))
     evidence = "".join(f"<li>{html.escape(e)}</li>" for e in v.evidence)
@@ -113,6 +126,22 @@ def _card(v: Verdict) -> str:
         + _chart(v)
         + f'<p class="advice">{html.escape(v.advice)}</p>'
         f'<ul class="evidence">{evidence}</ul></section>'
+    )
+
+
+def _fault_banner(faults: Sequence[Verdict]) -> str:
+    if not faults:
+        return ""
+    items = "".join(
+        f"<li><b>{html.escape(v.subject.name)}</b> "
+        f"({html.escape(', '.join(v.modifiers))}): {html.escape(v.advice)}</li>"
+        for v in faults
+    )
+    n = len(faults)
+    return (
+        f'<section id="faults" class="faults" role="alert"><h2>Hardware fault on {n} '
+        f"subject{'s' if n > 1 else ''}: drain before it runs jobs</h2><ul>{items}</ul>"
+        "</section>"
     )
 
 
@@ -142,19 +171,22 @@ def render_status_page(published: Published | None, readiness: str) -> str:
                 if not h.success]  # fmt: skip
         if down:
             failing = f"<p>Sources not reading: {html.escape(', '.join(down))}</p>"
-    cards = "".join(_card(v) for v in verdicts) or (
+    faults = [v for v in verdicts if v.fault]
+    ordered = [*faults, *(v for v in verdicts if not v.fault)]
+    cards = "".join(_card(v) for v in ordered) or (
         '<p class="empty">No GPUs and no training ranks to show yet.</p>'
     )
+    title = f"FAULT ({len(faults)}) - stepscope" if faults else "stepscope"
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         f'<meta http-equiv="refresh" content="{refresh}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
-        f"<title>stepscope</title><style>{_CSS}</style></head><body>"
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>"
         f"<header><h1>stepscope {html.escape(__version__)}</h1><p>{summary}</p>{failing}"
         f"<p>Readiness: {html.escape(readiness)} · "
         '<a href="metrics">/metrics</a> · <a href="api/v1/diagnosis">/api/v1/diagnosis</a> · '
         '<a href="healthz">/healthz</a> · <a href="readyz">/readyz</a></p></header>'
-        f"<main>{cards}</main></body></html>\n"
+        f"{_fault_banner(faults)}<main>{cards}</main></body></html>\n"
     )
 
 

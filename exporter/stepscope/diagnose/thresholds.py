@@ -38,6 +38,16 @@ class Thresholds:
     throttle_share: float = 0.2  # share of the window under thermal / power clock events
     peer_excess: float = 0.5  # a peer computes longer by this share of our comm: waiting
     rdma_flat_bytes_per_second: float = 1e6  # RDMA traffic below this counts as flat
+    # host_bound: the step body dominates while the SMs idle (below this) ...
+    host_bound_sm_active: float = 0.3
+    # ... and the rank's main process keeps a core busy (cores: Python + launches) ...
+    main_cpu_busy: float = 0.7
+    # ... unless kernels run all the time (util %, at/above this): small grids instead
+    busy_gpu_util: float = 90.0
+    dram_busy: float = 0.6  # DRAM active at/above this with tensor pipes idle: memory_bound
+    pcie_replays_per_minute: float = 8.0  # PCIe replays: a storm (DCGM's health limit)
+    fault_hold: float = 600.0  # seconds a critical XID keeps the fault verdict (no reset seen)
+    finished_linger: float = 60.0  # seconds a finished rank reads `finished` before it drops
 
 
 _RANGES: dict[str, tuple[float, float]] = {
@@ -46,6 +56,13 @@ _RANGES: dict[str, tuple[float, float]] = {
     "idle_gpu_util": (0.0, 100.0),
     "peer_excess": (0.0, 100.0),
     "rdma_flat_bytes_per_second": (0.0, 1e12),
+    "main_cpu_busy": (0.0, 1024.0),
+    "busy_gpu_util": (0.0, 100.0),
+    "pcie_replays_per_minute": (0.0, 1e9),
+    # at least 10 minutes: a reset is not always visible, and a critical XID must not
+    # scroll out of view with the window
+    "fault_hold": (600.0, 604800.0),
+    "finished_linger": (0.0, 3600.0),
 }
 
 

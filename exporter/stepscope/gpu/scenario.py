@@ -29,11 +29,13 @@ Activity = Literal["busy", "idle", "sawtooth"]
 Precision = Literal["bf16", "fp16", "tf32", "fp32", "fp64", "int8"]
 Thermal = Literal["none", "sw", "hw", "both"]
 Wait = Literal["data", "collective"]
+Kernels = Literal["gemm", "elementwise"]
 
 ACTIVITIES: tuple[str, ...] = get_args(Activity)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 THERMAL_KINDS: tuple[str, ...] = get_args(Thermal)
 WAITS: tuple[str, ...] = get_args(Wait)
+KERNELS: tuple[str, ...] = get_args(Kernels)
 
 MAX_GPUS = 64
 DEFAULT_GPUS = 8
@@ -90,7 +92,9 @@ class Workload:
     ``wait``: what fills a sawtooth's gaps: ``data`` (no kernel: the GPU waits
     for input) or ``collective`` (an NCCL kernel spins on a few SMs waiting for
     peers, so GPU utilization still reads 100%). ``memory``: framebuffer share
-    in use (0-1); None means "by activity" (most of it unless idle).
+    in use (0-1); None means "by activity" (most of it unless idle). ``kernels``:
+    ``gemm`` (matrix multiplies: the precision's pipes) or ``elementwise``
+    (element-wise and normalisation kernels: DRAM-bound, tensor pipes nearly idle).
     """
 
     activity: Activity = "busy"
@@ -100,6 +104,7 @@ class Workload:
     duty: float = 0.5
     wait: Wait = "data"
     memory: float | None = None
+    kernels: Kernels = "gemm"
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,7 @@ class TimelineEntry:
     within ``[at, until)``; later entries win where windows overlap. Counter
     keys (``ecc_sbe``, ``ecc_dbe``, ``pcie_replay``) add that many at ``at``,
     or spread them evenly over ``[at, until)``. Point keys (``xid``,
-    ``fall_off_bus``, ``row_remap_failure``) happen at ``at``.
+    ``fall_off_bus``, ``row_remap_failure``, ``reset``) happen at ``at``.
     """
 
     at: float
@@ -131,11 +136,13 @@ class TimelineEntry:
     duty: float | None = None
     wait: Wait | None = None
     memory: float | None = None
+    kernels: Kernels | None = None
     thermal: Thermal | None = None
     power_cap: bool | None = None
     xid: int | None = None
     fall_off_bus: bool = False
     row_remap_failure: bool = False
+    reset: bool = False
     ecc_sbe: int = 0
     ecc_dbe: int = 0
     pcie_replay: int = 0
@@ -164,11 +171,12 @@ class Scenario:
 
 _TOP_KEYS = ("version", "name", "description", "gpus", "model", "driver_version", "workload",
              "devices", "timeline")
-_WORKLOAD_KEYS = ("activity", "precision", "level", "period", "duty", "wait", "memory")
+_WORKLOAD_KEYS = ("activity", "precision", "level", "period", "duty", "wait", "memory",
+                  "kernels")
 _DEVICE_KEYS = ("model", "profiling")
 _WINDOW_KEYS = (*_WORKLOAD_KEYS, "thermal", "power_cap")
 _COUNTER_KEYS = ("ecc_sbe", "ecc_dbe", "pcie_replay")
-_POINT_KEYS = ("xid", "fall_off_bus", "row_remap_failure")
+_POINT_KEYS = ("xid", "fall_off_bus", "row_remap_failure", "reset")
 _ENTRY_KEYS = ("at", "until", "gpus", *_WINDOW_KEYS, *_COUNTER_KEYS, *_POINT_KEYS)
 
 SCHEMA_KEYS: Mapping[str, tuple[str, ...]] = {
@@ -325,6 +333,8 @@ def _workload_fields(c: _Checker, m: Mapping[str, object], path: str) -> dict[st
         out["wait"] = c.choice(m["wait"], f"{path}.wait", WAITS, "wait kind")
     if "memory" in m:
         out["memory"] = c.number(m["memory"], f"{path}.memory", 0.0, 1.0)
+    if "kernels" in m:
+        out["kernels"] = c.choice(m["kernels"], f"{path}.kernels", KERNELS, "kernel mix")
     return out
 
 
@@ -357,7 +367,7 @@ def _parse_entry(c: _Checker, raw: object, path: str, n: int) -> TimelineEntry:
             kw[key] = c.integer(m[key], f"{path}.{key}", 1, 10**9)
     if "xid" in m:
         kw["xid"] = c.integer(m["xid"], f"{path}.xid", 1, 65535)
-    for key in ("fall_off_bus", "row_remap_failure"):
+    for key in ("fall_off_bus", "row_remap_failure", "reset"):
         if key in m and c.boolean(m[key], f"{path}.{key}") is not True:
             c.fail(f"{path}.{key}", "only 'true' means something here; remove the key instead")
         elif key in m:

@@ -30,6 +30,7 @@ from stepscope.gpu.model import GpuInfo, GpuReading, GpuUnavailable, Tier, XidEv
 from stepscope.gpu.scenario import (
     Activity,
     DeviceSpec,
+    Kernels,
     Precision,
     Scenario,
     ScenarioError,
@@ -79,8 +80,14 @@ _PROFILES: dict[Precision, _Profile] = {
     "fp64": _Profile(dfma=0.80, fp64=0.25, fp32=0.05, dram=0.35, power=0.88),
     "int8": _Profile(imma=0.90, fp32=0.05, fp16=0.05, dram=0.45, power=0.75),
 }
+# Element-wise and normalisation kernels (``kernels: elementwise``), whatever the
+# precision: the memory interface sets the pace. Anchored on the H200 figures in issue 13
+# (SM active 0.99, DRAM active 0.81, tensor 0.007); PyTorch's bf16 element-wise kernels
+# compute in fp32 registers, so the FP32 pipe carries the (little) math.
+_ELEMENTWISE = _Profile(hmma=0.0075, fp32=0.35, fp16=0.02, dram=0.85, power=0.55)
 
 COLLECTIVE_WAIT_SM = 0.12  # an NCCL kernel spinning on ~16 of 132 SMs
+RESET_SECONDS = 2.0  # a GPU reset: the device does not answer NVML for this long
 OCCUPANCY_PER_ACTIVE = 0.6  # "busy is not full": resident warps well below the maximum
 THERMAL_ACTIVITY = 0.95  # a throttled GPU does slightly less per second
 THERMAL_POWER = 0.85
@@ -124,6 +131,7 @@ class _State:
     duty: float
     wait: Wait
     memory: float | None
+    kernels: Kernels
     thermal: Thermal
     power_cap: bool
 
@@ -139,7 +147,7 @@ class _Segment:
 
     def __init__(self, start: float, state: _State, dev: DeviceSpec) -> None:
         m = dev.model
-        prof = _PROFILES[state.precision]
+        prof = _ELEMENTWISE if state.kernels == "elementwise" else _PROFILES[state.precision]
         thermal = state.thermal != "none"
         self.start = start
         self.kind = _KINDS[state.activity]
@@ -210,8 +218,8 @@ class _Segment:
 
 
 # The timeline keys that override a GPU's state over a window (the rest are events).
-_STATE_KEYS = ("activity", "precision", "level", "period", "duty", "wait", "memory", "thermal",
-               "power_cap")
+_STATE_KEYS = ("activity", "precision", "level", "period", "duty", "wait", "memory", "kernels",
+               "thermal", "power_cap")
 
 
 def _overlay(base: Workload, active: Sequence[TimelineEntry]) -> _State:
@@ -219,7 +227,7 @@ def _overlay(base: Workload, active: Sequence[TimelineEntry]) -> _State:
     s = {
         "activity": base.activity, "precision": base.precision, "level": base.level,
         "period": base.period, "duty": base.duty, "wait": base.wait, "memory": base.memory,
-        "thermal": "none", "power_cap": False,
+        "kernels": base.kernels, "thermal": "none", "power_cap": False,
     }
     for e in active:
         for key in _STATE_KEYS:
@@ -312,7 +320,10 @@ class _SimGpu:
         self.profiling = dev.profiling
         self.starts, self.segs = _compile(scenario, index)
         mine = [e for e in scenario.timeline if index in e.gpus]
-        self.off_bus_at = min((e.at for e in mine if e.fall_off_bus), default=math.inf)
+        self.off_bus = sorted(e.at for e in mine if e.fall_off_bus)
+        # a reset: unreachable for RESET_SECONDS, then back on the bus with its volatile
+        # ECC counters cleared and pending row remaps applied
+        self.resets = sorted(e.at for e in mine if e.reset)
         self.remap_failure_at = min((e.at for e in mine if e.row_remap_failure),
                                     default=math.inf)
 
@@ -339,9 +350,15 @@ class _SimGpu:
         return seg.b0 + on, seg.e0 + seg.p_off * x + seg.dp * on
 
     def read(self, t: float, tiers: frozenset[Tier]) -> dict[str, float]:
-        if t >= self.off_bus_at:
+        reset = self.resets[bisect.bisect_right(self.resets, t) - 1] if self.resets else None
+        if reset is not None and reset <= t < reset + RESET_SECONDS:
+            raise GpuUnavailable(f"GPU {self.info.index} is being reset (simulated)")
+        off = self.off_bus[bisect.bisect_right(self.off_bus, t) - 1] if self.off_bus else None
+        if off is not None and off <= t and (reset is None or off > reset):
             raise GpuUnavailable(
-                f"GPU {self.info.index} fell off the bus at t={self.off_bus_at:g} s (simulated)")
+                f"GPU {self.info.index} fell off the bus at t={off:g} s (simulated)")
+        if reset is not None and reset > t:
+            reset = None
         seg = self.segs[bisect.bisect_right(self.starts, t) - 1]
         x = t - seg.start
         on_t = seg.on_time(x)
@@ -388,6 +405,9 @@ class _SimGpu:
             used = float(seg.mem_used + (round(16 * j1) if seg.mem_used > 1024 else 0))
             dbe = _count(self.dbe, t) if self.dbe else 0
             sbe = _count(self.sbe, t) if self.sbe else 0
+            # volatile counts start again at a reset; aggregate ones and retired rows stay
+            dbe_vol = dbe - (_count(self.dbe, reset) if reset is not None else 0)
+            sbe_vol = sbe - (_count(self.sbe, reset) if reset is not None else 0)
             values = {
                 "gpu_util": float(round(100.0 * kernel)),
                 "mem_copy_util": float(round(100.0 * dram)),
@@ -400,14 +420,14 @@ class _SimGpu:
                     seg.reasons | (_BIT_POWER_CAP if seg.pc and running else 0)),
                 "fb_used": used,
                 "fb_free": self.total_mib - used,
-                "ecc_sbe_vol_total": float(sbe),
-                "ecc_dbe_vol_total": float(dbe),
+                "ecc_sbe_vol_total": float(sbe_vol),
+                "ecc_dbe_vol_total": float(dbe_vol),
                 "ecc_sbe_agg_total": float(sbe),
                 "ecc_dbe_agg_total": float(dbe),
                 # A double-bit error on HBM3 retires its row: pending until a GPU reset.
                 "correctable_remapped_rows": 0.0,
                 "uncorrectable_remapped_rows": float(dbe),
-                "row_remap_pending": 1.0 if dbe else 0.0,
+                "row_remap_pending": 1.0 if dbe_vol else 0.0,
                 "row_remap_failure": 1.0 if t >= self.remap_failure_at else 0.0,
             }
             if self.profiling:

@@ -1,0 +1,92 @@
+"""Finished ranks: a training process that has ended reads ``finished`` and drops out.
+
+The ingest keeps a silent rank for ``rank_expiry`` (default 300 s), since a rank may
+just be slow; the diagnosis tells an ended run apart sooner, from what the node shows:
+
+- the rank's process was seen alive (its pid readable by the host source) and is gone
+  now, while the host source still reads: it exited;
+- or, where the pid was never visible (another PID namespace), no step for a whole
+  window while the rank's GPU is idle and its framebuffer released: a hung process
+  still holds its memory, an ended one does not.
+
+A rank that steps again is live again. :class:`FinishedTracker` keeps this across
+passes (sampler thread only); per pass O(ranks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from stepscope.core.snapshot import Snapshot
+from stepscope.gpu.model import GPU_PART
+from stepscope.host.model import HOST_PART
+from stepscope.ingest.aggregate import INGEST_PART
+
+# A GPU whose framebuffer is below this share in use holds no training process's memory
+# (the driver keeps a few hundred MiB of 80-141 GiB): a process that held it has ended.
+RELEASED_MEMORY = 0.05
+# GPU util (%) below which no kernel runs (the idle rule's default).
+IDLE_UTIL = 5.0
+
+
+@dataclass(frozen=True)
+class FinishedRank:
+    """A rank whose training process has ended: since when (monotonic), and how we know."""
+
+    since: float
+    reason: str
+    steps: int  # the rank's step count when it was seen finished
+
+
+class FinishedTracker:
+    """Which ranks have finished, by (job, rank)."""
+
+    def __init__(self) -> None:
+        self._alive: dict[tuple[str, int], int] = {}  # pid seen running
+        self._finished: dict[tuple[str, int], FinishedRank] = {}
+
+    def update(self, snapshot: Snapshot, window: float) -> Mapping[tuple[str, int], FinishedRank]:
+        """Fold in ``snapshot``; the finished ranks now."""
+        training = snapshot.part(INGEST_PART)
+        if training is None:
+            return dict(self._finished)
+        host = snapshot.part(HOST_PART)
+        gpus = snapshot.part(GPU_PART)
+        now = snapshot.monotonic
+        present = training.by_key
+        for key in [k for k in self._finished if k not in present]:
+            del self._finished[key]  # expired from the ingest
+        for key in [k for k in self._alive if k not in present]:
+            del self._alive[key]
+        for key, r in present.items():
+            mark = self._finished.get(key)
+            if mark is not None:
+                if r.steps > mark.steps or r.steps < mark.steps:  # stepping, or restarted
+                    del self._finished[key]
+                else:
+                    continue
+            if r.pid is not None and host is not None:
+                if r.pid in host.processes:
+                    self._alive[key] = r.pid
+                    continue
+                if self._alive.get(key) == r.pid:
+                    del self._alive[key]
+                    self._finished[key] = FinishedRank(
+                        now, f"its process (pid {r.pid}) exited", r.steps)
+                    continue
+            if key in self._alive or r.uuid is None or gpus is None:
+                continue
+            gpu = gpus.by_uuid.get(r.uuid)
+            silent = snapshot.timestamp - r.last_step_timestamp
+            if gpu is None or not gpu.up or silent < window:
+                continue
+            used, free = gpu.values.get("fb_used"), gpu.values.get("fb_free")
+            util = gpu.values.get("gpu_util")
+            if used is None or not free or util is None:
+                continue
+            if used / (used + free) < RELEASED_MEMORY and util < IDLE_UTIL:
+                self._finished[key] = FinishedRank(
+                    now, f"no step for {silent:.0f} s and its GPU is idle with its memory "
+                    "released", r.steps)  # fmt: skip
+        return dict(self._finished)
