@@ -200,8 +200,14 @@ def _bind_unix(path: Path, access: IngestAccess, dir_fd: int) -> tuple[socket.so
                 f"{access.mode:04o} (a default ACL on {path.parent}?)"
             )
         if access.group is not None and st.st_gid != access.group:
-            # follow_symlinks=False: fchownat(AT_SYMLINK_NOFOLLOW), never through a symlink
-            os.chown(name, -1, access.group, dir_fd=dir_fd, follow_symlinks=False)
+            try:  # follow_symlinks=False: fchownat(AT_SYMLINK_NOFOLLOW), never a symlink's target
+                os.chown(name, -1, access.group, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError as exc:
+                raise IngestError(
+                    f"cannot give {path} to group {access.group}: {exc.strerror or exc} (the "
+                    "exporter must be root or a member of the group, and chown allowed; under "
+                    "systemd prefer Group= for the socket's group)"
+                ) from None
     except OSError as exc:
         sock.close()
         with contextlib.suppress(OSError):
