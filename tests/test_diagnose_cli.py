@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, wait_for
 from stepscope.cli import main
-from stepscope.diagnose.cli import analyse_fleet
+from stepscope.diagnose.cli import analyse_fleet, render_fleet
 
 NCCL = REPO / "tests" / "fixtures" / "nccl"
 
@@ -46,7 +46,7 @@ def _write_config(tmp_path: Path, scenario: dict[str, Any]) -> Path:
     cfg = tmp_path / "stepscope.yaml"
     cfg.write_text(
         f"interval: 0.2\nslow_interval: 1\nscenario: {tmp_path / 'scenario.yaml'}\n"
-        "ingest: udp://127.0.0.1:0\ndiagnosis: {window: 2}\n"
+        f"ingest: unix://{tmp_path / 'ingest.sock'}\ndiagnosis: {{window: 2}}\n"
     )
     return cfg
 
@@ -92,29 +92,61 @@ def _series(metric: dict[str, str], value: float) -> dict[str, Any]:
     return {"metric": metric, "value": [1.7e9, str(value)]}
 
 
-def test_fleet_view_names_the_straggler_the_hot_gpu_the_slow_rank_and_cross_az_jobs() -> None:
-    sm = [_series({"Hostname": f"node-{h}", "gpu": str(g)}, 0.9) for h in "abc" for g in range(2)]
-    sm.append(_series({"Hostname": "node-d", "gpu": "0"}, 0.4))
+def test_fleet_view_names_the_slow_rank_its_cause_the_waiting_ranks_and_the_rest() -> None:
+    def rank(r: int, host: str, **phases: float) -> list[dict[str, Any]]:
+        return [_series({"cluster": "c", "training_job": "j", "rank": str(r), "Hostname": host,
+                         "gpu": "0", "phase": name}, v) for name, v in phases.items()]
+
+    def verdict(r: int, host: str, kind: str, **extra: str) -> dict[str, Any]:
+        return _series({"cluster": "c", "training_job": "j", "rank": str(r), "Hostname": host,
+                        "gpu": "0", **extra, "kind": kind}, 1)
+
+    sm = [_series({"cluster": "c", "Hostname": f"node-{h}", "gpu": str(g)}, 0.9)
+          for h in "abc" for g in range(2)]
+    sm.append(_series({"cluster": "c", "Hostname": "node-d", "gpu": "0"}, 0.4))
+    phases = [*rank(0, "node-a", compute=0.30, comm=0.15, data_wait=0.01),
+              *rank(1, "node-b", compute=0.30, comm=0.15, data_wait=0.01),
+              *rank(2, "node-c", compute=0.45, comm=0.01, data_wait=0.01),
+              *rank(3, "node-x", compute=0.31, comm=0.14, data_wait=0.01)]
     report = analyse_fleet({
         "sm_active": sm,
-        "thermal": [_series({"Hostname": "node-c", "gpu": "1"}, 8e8),
-                    _series({"Hostname": "node-a", "gpu": "0"}, 0.0)],
-        "compute_per_step": [_series({"job": "j", "rank": str(r), "Hostname": "x"}, 0.5)
-                             for r in range(3)]
-        + [_series({"job": "j", "rank": "3", "Hostname": "node-c"}, 0.8)],
-        "verdicts": [_series({"kind": "input_cpu", "job": "j", "rank": "0"}, 1),
-                     _series({"kind": "compute", "job": "j", "rank": "1"}, 1)],
-        "modifiers": [_series({"modifier": "tcp_suspected", "job": "j", "rank": "2"}, 1)],
-        "zones": [_series({"job": "j"}, 2), _series({"job": "k"}, 1)],
+        "thermal": [_series({"cluster": "c", "Hostname": "node-c", "gpu": "0"}, 8e8),
+                    _series({"cluster": "c", "Hostname": "node-a", "gpu": "0"}, 0.0)],
+        "phase_per_step": phases,
+        "verdicts": [verdict(0, "node-a", "communication"),
+                     verdict(1, "node-b", "waiting_on_peer"),
+                     verdict(2, "node-c", "compute"),
+                     verdict(3, "node-x", "input_cpu"),
+                     _series({"cluster": "c", "Hostname": "node-e", "gpu": "3",
+                              "kind": "gpu_fault"}, 1)],
+        "modifiers": [_series({"cluster": "c", "training_job": "j", "rank": "2",
+                               "Hostname": "node-c", "modifier": "thermal_throttle"}, 1),
+                      _series({"cluster": "c", "training_job": "j", "rank": "0",
+                               "Hostname": "node-a", "modifier": "tcp_suspected"}, 1),
+                      _series({"cluster": "c", "Hostname": "node-e", "gpu": "3",
+                               "modifier": "xid_critical"}, 1)],
+        "gpu_down": [_series({"cluster": "c", "Hostname": "node-f", "gpu": "1"}, 0)],
+        "zones": [_series({"training_job": "j"}, 2), _series({"training_job": "k"}, 1)],
     })  # fmt: skip
     found = {(f["kind"], f.get("Hostname"), f.get("gpu"), f.get("rank"), f.get("job"))
              for f in report["findings"]}  # fmt: skip
     assert found == {
         ("straggler", "node-d", "0", None, None),
-        ("thermal_throttle", "node-c", "1", None, None),
-        ("slow_rank", "node-c", None, "3", "j"),
-        ("input_cpu", None, None, "0", "j"),
-        ("tcp_suspected", None, None, "2", "j"),
+        ("thermal_throttle", "node-c", "0", None, None),
+        ("slow_rank", "node-c", "0", "2", "j"),
+        ("input_cpu", "node-x", "0", "3", "j"),  # the verdict of a rank not waiting
+        ("gpu_fault", "node-e", "3", None, None),
+        ("gpu_down", "node-f", "1", None, None),
         ("cross_az", None, None, None, "j"),
-    }
+    }  # ranks 0 and 1 wait for rank 2: not findings of their own, nor is rank 0's tcp
+    (job,) = report["jobs"]
+    (slow,) = job["slow_ranks"]
+    assert slow["cause"] == "compute+thermal_throttle" and "temperature" in slow["advice"]
+    assert slow["ratio"] == pytest.approx(0.46 / 0.315)  # busy: step less comm
+    assert (job["waiting_ranks"], job["waiting_nodes"]) == (2, 2)
+    report["status"] = "bottleneck"
+    text = render_fleet(report, "http://prom", "1m")
+    assert "SLOW: rank 2 on node-c (gpu 0)" in text
+    assert "likely cause, node-c's own verdict: compute+thermal_throttle" in text
+    assert "2 other rank(s) on 2 other node(s) wait for it" in text
     assert analyse_fleet({"sm_active": sm[:6]})["findings"] == []

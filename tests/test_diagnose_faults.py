@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from conftest import REPO
 from stepscope.core.snapshot import Published
 from stepscope.diagnose.api import diagnosis_document
 from stepscope.diagnose.cli import render_local
@@ -123,3 +124,12 @@ def test_the_critical_xids_are_the_catalogues_reset_and_reboot_codes() -> None:
     assert {48, 74, 79, 95, 119, 120, 140} <= set(CRITICAL_XIDS)
     assert not {13, 31, 43, 45, 63, 92, 94} & set(CRITICAL_XIDS)
     assert CRITICAL_XIDS[79].action == "RESTART_BM"
+
+
+def test_the_drain_alert_and_the_diagnosis_hold_the_same_xids() -> None:
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "rules" / "stepscope-alerts.yml")
+                           .read_text())  # fmt: skip
+    drain = next(r for g in rules["groups"] for r in g["rules"]
+                 if r.get("alert") == "StepscopeGpuXidDrain")  # fmt: skip
+    (codes,) = set(re.findall(r'xid=~"([0-9|]+)"', drain["expr"]))
+    assert set(map(int, codes.split("|"))) == set(CRITICAL_XIDS)

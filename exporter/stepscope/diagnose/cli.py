@@ -1,9 +1,10 @@
 """``stepscope diagnose`` and ``stepscope nccl-check``: the diagnosis on a terminal.
 
 ``diagnose`` reads the local exporter's ``/api/v1/diagnosis`` (one row per rank / GPU),
-or with ``--prometheus`` looks across the fleet: stragglers (SM active well below the
-median of their peers), thermal throttling by Hostname, ranks whose compute time
-stands out, bottleneck verdicts, jobs that span availability zones.
+or with ``--prometheus`` looks across the fleet: per training job, the rank every other
+rank waits for and its node's own verdict as the likely cause; hardware faults; GPUs
+whose SM activity is far below their peers'; thermal throttling; the nodes' bottleneck
+verdicts; jobs that span availability zones.
 
 Exit status: 0 healthy, 1 a bottleneck or straggler found, 2 cannot tell (exporter
 or Prometheus unreachable, no data). Standard library only, besides our own modules.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import urllib.error
@@ -21,7 +23,9 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from stepscope.diagnose.model import ALERT_MODIFIERS, BOTTLENECK_KINDS
+from stepscope.core.labels import HOST_LABEL, HOST_LABELS, with_host_label
+from stepscope.diagnose.advice import KIND_ADVICE, advice_for
+from stepscope.diagnose.model import BOTTLENECK_KINDS, MODIFIERS
 from stepscope.diagnose.nccl import parse_nccl_log
 
 EXIT_HEALTHY = 0
@@ -29,8 +33,9 @@ EXIT_BOTTLENECK = 1
 EXIT_UNKNOWN = 2
 
 # Fleet view: a GPU whose SM active is below this share of the median of its peers
-# is a straggler; a rank whose compute time per step is above (1 + this) x its job's
-# median stands out.
+# is a straggler; a rank whose busy time per step (step less exposed communication:
+# compute, data wait, the rest) is above (1 + this) x its job's median is the rank the
+# others wait for.
 STRAGGLER_SHARE = 0.8
 COMPUTE_OUTLIER = 0.2
 THERMAL_NS_PER_S = 5e7  # thermal violation rising 5% of the time
@@ -50,6 +55,8 @@ def add_commands(sub: Any) -> None:
                    help="look across the fleet through this Prometheus instead")  # fmt: skip
     d.add_argument("--window", metavar="DURATION", default="5m",
                    help="Prometheus range for the fleet view (default 5m)")  # fmt: skip
+    d.add_argument("--host-label", choices=HOST_LABELS, default=HOST_LABEL,
+                   help="the host label the fleet's exporters serve (default Hostname)")
     d.add_argument("--json", action="store_true", help="print JSON for scripts")
     d.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS",
                    help="HTTP timeout (default 5)")  # fmt: skip
@@ -70,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "nccl-check":
         return nccl_check(args.logs, args.json)
     if args.prometheus:
-        return fleet(args.prometheus, args.window, args.json, args.timeout)
+        return fleet(args.prometheus, args.window, args.json, args.timeout, args.host_label)
     return local(args.exporter, args.json, args.timeout)
 
 
@@ -174,111 +181,249 @@ def _query(base: str, promql: str, timeout: float) -> list[dict[str, Any]]:
     return result
 
 
-def fleet_queries(window: str) -> dict[str, str]:
-    """The PromQL the fleet view runs (documented in docs/diagnosis.md)."""
-    return {
-        "sm_active": f"avg by (Hostname, gpu) (avg_over_time(DCGM_FI_PROF_SM_ACTIVE[{window}]))",
-        "thermal": f"max by (Hostname, gpu) (rate(DCGM_FI_DEV_THERMAL_VIOLATION[{window}]))",
-        "compute_per_step": (
-            f'sum by (job, rank, Hostname) (rate(stepscope_step_phase_seconds_total'
-            f'{{phase="compute"}}[{window}])) / sum by (job, rank, Hostname) '
-            f"(rate(stepscope_step_duration_seconds_count[{window}]))"
+def fleet_queries(window: str, host_label: str = HOST_LABEL) -> dict[str, str]:
+    """The PromQL the fleet view runs (documented in docs/diagnosis.md), for the host
+    label the fleet's exporters serve (``Hostname`` or ``hostname``)."""
+    rank = "cluster, training_job, rank, Hostname, gpu"
+    queries = {
+        # a GPU that is down has no current SM activity: its last minutes are not news
+        "sm_active": f"avg by (cluster, Hostname, gpu) (avg_over_time("
+        f"DCGM_FI_PROF_SM_ACTIVE[{window}])) unless on (cluster, Hostname, gpu) "
+        "(stepscope_gpu_up == 0)",
+        "gpu_down": "stepscope_gpu_up == 0",
+        "thermal": f"max by (cluster, Hostname, gpu) "
+        f"(rate(DCGM_FI_DEV_THERMAL_VIOLATION[{window}]))",
+        # each rank's seconds per step in each phase (data_wait, compute, comm, other)
+        "phase_per_step": (
+            f"sum by ({rank}, phase) (rate(stepscope_step_phase_seconds_total[{window}])) "
+            f"/ on ({rank}) group_left () "
+            f"sum by ({rank}) (rate(stepscope_step_duration_seconds_count[{window}]))"
         ),
         "verdicts": "stepscope_bottleneck == 1",
         "modifiers": "stepscope_bottleneck_modifier == 1",
         "zones": (
-            "count by (job) (count by (job, availability_zone) (stepscope_training_rank_info "
-            "* on (Hostname) group_left (availability_zone) max by (Hostname, "
-            "availability_zone) (stepscope_node_info)))"
+            "count by (cluster, training_job) (count by (cluster, training_job, "
+            "availability_zone) (stepscope_training_rank_info * on (cluster, Hostname) "
+            "group_left (availability_zone) max by (cluster, Hostname, availability_zone) "
+            "(stepscope_node_info)))"
         ),
     }
+    return {name: with_host_label(q, host_label) for name, q in queries.items()}
 
 
-def analyse_fleet(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Findings from the fleet queries' results. Pure."""
-    def val(r: dict[str, Any]) -> float:
-        return float(r["value"][1])
+def _val(r: dict[str, Any]) -> float:
+    return float(r["value"][1])
 
+
+def _finite(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # 0/0 (a rank with no step in the window) comes back as NaN
+    return [r for r in rows if math.isfinite(_val(r))]
+
+
+def _kind(kind: str, mods: Sequence[str]) -> str:
+    return kind + "".join(f"+{m}" for m in mods)
+
+
+def analyse_fleet(
+    results: dict[str, list[dict[str, Any]]], host_label: str = HOST_LABEL
+) -> dict[str, Any]:
+    """Findings from the fleet queries' results. Pure.
+
+    Per training job, the rank the others wait for: its busy time per step (step time
+    less exposed communication) above (1 + ``COMPUTE_OUTLIER``) x the job's median. Its
+    node's own verdict is the likely cause; the job's ranks on other nodes whose verdict
+    is ``communication`` or ``waiting_on_peer`` are waiting for it, and are reported as
+    such rather than as findings of their own.
+    """
+    host = host_label
     findings: list[dict[str, Any]] = []
-    sm = [(r["metric"], val(r)) for r in results.get("sm_active", [])]
+
+    def where(m: dict[str, str]) -> dict[str, Any]:
+        return {"cluster": m.get("cluster"), "Hostname": m.get(host), "gpu": m.get("gpu")}
+
+    sm = [(r["metric"], _val(r)) for r in _finite(results.get("sm_active", []))]
     if len(sm) >= 2:
         med = statistics.median(v for _, v in sm)
         for m, v in sm:
             if med >= 0.2 and v < STRAGGLER_SHARE * med:
-                findings.append({
-                    "kind": "straggler", "Hostname": m.get("Hostname"), "gpu": m.get("gpu"),
-                    "detail": f"SM active {v:.2f} vs median {med:.2f} of its peers",
-                })  # fmt: skip
-    for r in results.get("thermal", []):
-        if val(r) >= THERMAL_NS_PER_S:
-            m = r["metric"]
-            findings.append({
-                "kind": "thermal_throttle", "Hostname": m.get("Hostname"), "gpu": m.get("gpu"),
-                "detail": f"thermal violation {val(r) / 1e9:.0%} of the time",
-            })  # fmt: skip
-    jobs: dict[str, list[tuple[dict[str, Any], float]]] = {}
-    for r in results.get("compute_per_step", []):
-        jobs.setdefault(r["metric"].get("job", ""), []).append((r["metric"], val(r)))
-    for job, ranks in jobs.items():
-        if len(ranks) < 2:
-            continue
-        med = statistics.median(v for _, v in ranks)
-        for m, v in ranks:
-            if med > 0 and v > (1 + COMPUTE_OUTLIER) * med:
-                findings.append({
-                    "kind": "slow_rank", "job": job, "rank": m.get("rank"),
-                    "Hostname": m.get("Hostname"),
-                    "detail": f"compute {v:.3f} s/step vs job median {med:.3f} s",
-                })  # fmt: skip
+                findings.append({"kind": "straggler", **where(m),
+                                 "detail": f"SM active {v:.2f} vs median {med:.2f} of its peers"})
+    for r in results.get("gpu_down", []):
+        findings.append({"kind": "gpu_down", **where(r["metric"]),
+                         "detail": "the GPU stopped answering NVML: drain the node"})
+    thermal: dict[tuple[Any, Any, Any], float] = {}
+    for r in _finite(results.get("thermal", [])):
+        m = r["metric"]
+        thermal[(m.get("cluster"), m.get(host), m.get("gpu"))] = _val(r)
+        if _val(r) >= THERMAL_NS_PER_S:
+            findings.append({"kind": "thermal_throttle", **where(m),
+                             "detail": f"thermal violation {_val(r) / 1e9:.0%} of the time"})
+
+    # the node's own verdict per rank (and per GPU without a rank), with its modifiers
+    Key = tuple[Any, ...]
+
+    def key(m: dict[str, str]) -> Key:
+        if m.get("rank") is not None:
+            return (m.get("cluster"), m.get("training_job"), m.get("rank"))
+        return (m.get("cluster"), m.get(host), m.get("gpu"))
+
+    verdict: dict[Key, tuple[str, dict[str, str]]] = {}
     for r in results.get("verdicts", []):
-        m = r["metric"]
-        if m.get("kind") in BOTTLENECK_KINDS:
-            findings.append({
-                "kind": m["kind"], "job": m.get("job"), "rank": m.get("rank"),
-                "Hostname": m.get("Hostname"), "gpu": m.get("gpu"),
-                "detail": "verdict of the node's exporter",
-            })  # fmt: skip
+        verdict[key(r["metric"])] = (r["metric"].get("kind", ""), r["metric"])
+    mods: dict[Key, list[str]] = {}
     for r in results.get("modifiers", []):
+        mods.setdefault(key(r["metric"]), []).append(r["metric"].get("modifier", ""))
+    for k in mods:
+        mods[k].sort(key=lambda m: MODIFIERS.index(m) if m in MODIFIERS else len(MODIFIERS))
+
+    # per job: each rank's phases per step
+    ranks: dict[Key, dict[str, Any]] = {}
+    for r in _finite(results.get("phase_per_step", [])):
         m = r["metric"]
-        if m.get("modifier") in ALERT_MODIFIERS - {"thermal_throttle"}:
+        entry = ranks.setdefault((m.get("cluster"), m.get("training_job"), m.get("rank")), {
+            "cluster": m.get("cluster"), "job": m.get("training_job"), "rank": m.get("rank"),
+            "Hostname": m.get(host), "gpu": m.get("gpu"), "phases": {}})  # fmt: skip
+        entry["phases"][m.get("phase", "")] = _val(r)
+    jobs: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for entry in ranks.values():
+        ph = entry["phases"]
+        entry["step"] = sum(ph.values())
+        entry["busy"] = entry["step"] - ph.get("comm", 0.0)
+        jobs.setdefault((entry["cluster"], entry["job"]), []).append(entry)
+    explained: set[Key] = set()
+    job_reports = []
+    for (cluster, job), members in sorted(jobs.items(), key=lambda kv: str(kv[0])):
+        members.sort(key=lambda e: int(e["rank"]) if str(e["rank"]).isdigit() else 0)
+        report: dict[str, Any] = {
+            "cluster": cluster, "job": job, "ranks": len(members),
+            "nodes": len({e["Hostname"] for e in members}),
+            "step_seconds": statistics.median(e["step"] for e in members),
+            "slow_ranks": [], "waiting_ranks": 0, "waiting_nodes": 0,
+        }  # fmt: skip
+        job_reports.append(report)
+        if len(members) < 2:
+            continue
+        med = statistics.median(e["busy"] for e in members)
+        slow = [e for e in members if med > 0 and e["busy"] > (1 + COMPUTE_OUTLIER) * med]
+        slow_hosts = {e["Hostname"] for e in slow}
+        for e in slow:
+            k = (cluster, job, e["rank"])
+            kind, _ = verdict.get(k, ("", {}))
+            its_mods = mods.get(k, [])
+            explained.add(k)
+            hot = thermal.get((cluster, e["Hostname"], e["gpu"]), 0.0)
+            cause = _kind(kind, its_mods) if kind else "no verdict from its node"
+            advice = advice_for(kind, tuple(its_mods)) if kind in KIND_ADVICE else ""
+            ph = e["phases"]
+            detail = (f"busy {e['busy']:.3f} s/step (compute {ph.get('compute', 0.0):.3f}, "
+                      f"data {ph.get('data_wait', 0.0):.3f}) vs the job's median "
+                      f"{med:.3f} s: {e['busy'] / med:.2f}x")  # fmt: skip
+            finding = {"kind": "slow_rank", "job": job, "rank": e["rank"], "cluster": cluster,
+                       "Hostname": e["Hostname"], "gpu": e["gpu"], "detail": detail,
+                       "ratio": e["busy"] / med, "cause": cause, "advice": advice}  # fmt: skip
+            if hot >= THERMAL_NS_PER_S and "thermal_throttle" not in its_mods:
+                finding["cause"] += f" (its GPU thermal-throttled {hot / 1e9:.0%} of the time)"
+            findings.append(finding)
+            report["slow_ranks"].append(finding)
+        if not slow:
+            continue
+        waiting_hosts = set()
+        for e in members:
+            k = (cluster, job, e["rank"])
+            kind, _ = verdict.get(k, ("", {}))
+            if e in slow or kind not in ("communication", "waiting_on_peer"):
+                continue
+            explained.add(k)  # it waits for the slow rank: that is the finding
+            report["waiting_ranks"] += 1
+            if e["Hostname"] not in slow_hosts:
+                waiting_hosts.add(e["Hostname"])
+        report["waiting_nodes"] = len(waiting_hosts)
+
+    for k, (kind, m) in verdict.items():
+        if kind in BOTTLENECK_KINDS and k not in explained:
             findings.append({
-                "kind": m["modifier"], "job": m.get("job"), "rank": m.get("rank"),
-                "Hostname": m.get("Hostname"), "gpu": m.get("gpu"),
-                "detail": "modifier of the node's exporter verdict",
+                "kind": kind, "job": m.get("training_job"), "rank": m.get("rank"),
+                **where(m), "modifiers": mods.get(k, []),
+                "detail": "verdict of the node's exporter: " + _kind(kind, mods.get(k, [])),
             })  # fmt: skip
+    for k, its in mods.items():
+        if "tcp_suspected" in its and k not in explained and k in verdict:
+            m = verdict[k][1]
+            if verdict[k][0] not in BOTTLENECK_KINDS:
+                findings.append({"kind": "tcp_suspected", "job": m.get("training_job"),
+                                 "rank": m.get("rank"), **where(m),
+                                 "detail": "modifier of the node's exporter verdict"})
     for r in results.get("zones", []):
-        if val(r) > 1:
+        if _val(r) > 1:
             findings.append({
-                "kind": "cross_az", "job": r["metric"].get("job"),
-                "detail": f"ranks in {val(r):.0f} availability zones",
+                "kind": "cross_az", "job": r["metric"].get("training_job"),
+                "cluster": r["metric"].get("cluster"),
+                "detail": f"ranks in {_val(r):.0f} availability zones",
             })  # fmt: skip
-    return {"gpus": len(sm), "findings": findings}
+    faulted = {(f.get("cluster"), f.get("Hostname"), f.get("gpu"))
+               for f in findings if f["kind"] == "gpu_fault"}  # fmt: skip
+    findings = [f for f in findings if f["kind"] != "gpu_down"
+                or (f.get("cluster"), f.get("Hostname"), f.get("gpu")) not in faulted]
+    nodes = {(m.get("cluster"), m.get(host)) for m, _ in sm}
+    return {"gpus": len(sm), "nodes": len(nodes), "jobs": job_reports, "findings": findings}
 
 
-def fleet(base: str, window: str, as_json: bool, timeout: float) -> int:
+def render_fleet(report: dict[str, Any], base: str, window: str) -> str:
+    """The fleet report for a terminal: one block per job, its slow rank first."""
+    out = [f"fleet via {base} (window {window}): {report['status']}; {report['gpus']} GPU(s) "
+           f"on {report['nodes']} node(s), {len(report['jobs'])} training job(s)"]
+    faults = [f for f in report["findings"] if f["kind"] in ("gpu_down", "gpu_fault")]
+    if faults:
+        out += ["", f"HARDWARE FAULT on {len(faults)} GPU(s): drain before they run jobs"]
+        out += [f"  {f.get('Hostname')} gpu {f.get('gpu')}: {f['detail']}" for f in faults]
+    for job in report["jobs"]:
+        out += ["", f"JOB {job['job']}" + (f" (cluster {job['cluster']})" if job["cluster"]
+                                            else "")
+                + f": {job['ranks']} rank(s) on {job['nodes']} node(s), step "
+                  f"{job['step_seconds']:.3f} s"]  # fmt: skip
+        for f in job["slow_ranks"]:
+            out.append(f"  SLOW: rank {f['rank']} on {f['Hostname']} (gpu {f['gpu']}): "
+                       f"{f['detail']}")
+            out.append(f"    likely cause, {f['Hostname']}'s own verdict: {f['cause']}")
+            if f["advice"]:
+                out.append(f"    {f['advice']}")
+        if job["waiting_ranks"]:
+            out.append(f"  {job['waiting_ranks']} other rank(s) on {job['waiting_nodes']} "
+                       "other node(s) wait for it in all-reduce (their verdict: "
+                       "communication): fix the slow rank first")
+        if not job["slow_ranks"] and job["ranks"] > 1:
+            out.append("  no rank stands out")
+    rest = [f for f in report["findings"]
+            if f["kind"] not in ("slow_rank", "gpu_down", "gpu_fault")]  # fmt: skip
+    if rest:
+        out += ["", "OTHER FINDINGS"]
+        for f in rest:
+            at = " ".join(f"{k}={f[k]}" for k in ("job", "rank", "Hostname", "gpu")
+                          if f.get(k) is not None)  # fmt: skip
+            out.append(f"  {f['kind']:<16} {at}: {f['detail']}")
+    return "\n".join(out)
+
+
+def fleet(base: str, window: str, as_json: bool, timeout: float,
+          host_label: str = HOST_LABEL) -> int:  # fmt: skip
     """Query Prometheus, print the findings."""
     results: dict[str, list[dict[str, Any]]] = {}
     try:
-        for name, promql in fleet_queries(window).items():
+        for name, promql in fleet_queries(window, host_label).items():
             results[name] = _query(base, promql, timeout)
     except (OSError, ValueError, KeyError) as exc:
         _error(f"cannot query {base}: {getattr(exc, 'reason', None) or exc}")
         return EXIT_UNKNOWN
-    report = analyse_fleet(results)
-    no_data = not results["sm_active"] and not results["compute_per_step"] and not (
+    report = analyse_fleet(results, host_label)
+    for f in report["findings"]:  # a GPU fault verdict names the GPU and its faults
+        if f["kind"] == "gpu_fault":
+            f["detail"] = ", ".join(f.get("modifiers", [])) or f["detail"]
+    no_data = not results["sm_active"] and not results["phase_per_step"] and not (
         results["verdicts"]
     )
     status = "unknown" if no_data else ("bottleneck" if report["findings"] else "healthy")
     report["status"] = status
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(f"fleet via {base}: {status}, {report['gpus']} GPU(s) with SM activity")
-        for f in report["findings"]:
-            where = " ".join(
-                f"{k}={f[k]}" for k in ("job", "rank", "Hostname", "gpu") if f.get(k) is not None
-            )
-            print(f"  {f['kind']:<16} {where}: {f['detail']}")
+    print(json.dumps(report, indent=2) if as_json else render_fleet(report, base, window))
     return {"unknown": EXIT_UNKNOWN, "bottleneck": EXIT_BOTTLENECK}.get(status, EXIT_HEALTHY)
 
 

@@ -1,0 +1,69 @@
+"""The fleet view for real: `stepscope diagnose --prometheus` against a real Prometheus
+scraping 8 exporters (simulated GPUs, one machine), with the ranks of one job reporting
+through the SDK, one per node, and one node slow (tests/fleet_harness.py).
+
+The slow node's GPU throttles for temperature and its rank computes 50% longer; every
+other rank waits for it in the all-reduce. The fleet view must name, on one screen, the
+slow node and rank, the job, and the likely cause from that node's own verdict, and
+the shipped straggler alert must fire for that rank only (`for:` shortened to 5 s).
+When the job ends, each node's own diagnosis reads its rank `finished`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from conftest import REPO, wait_for
+from fleet_harness import JOB, fleet, fleet_report
+
+
+def test_the_fleet_view_names_the_slow_node_rank_job_and_cause_on_one_screen(
+    tmp_path: Path,
+) -> None:
+    with fleet(tmp_path, nodes=8) as f:
+        def named() -> dict[str, Any] | None:
+            report = fleet_report(f.prom.url, "30s")
+            slow = [s for job in report.get("jobs", []) for s in job["slow_ranks"]]
+            if [(s["Hostname"], s["rank"]) for s in slow] == [(f.slow, "7")] and (
+                "thermal_throttle" in slow[0]["cause"]
+            ):
+                return report
+            return None
+
+        report = wait_for(named, timeout=60, interval=1)
+        (job,) = report["jobs"]
+        assert job["job"] == JOB and job["ranks"] == 8 and job["nodes"] == 8
+        assert report["exit"] == 1 and report["status"] == "bottleneck"
+        (slow,) = job["slow_ranks"]
+        assert slow["ratio"] > 1.3 and "temperature" in slow["advice"]
+        # the other ranks wait for it: their communication verdicts are not root causes
+        kinds = {x["kind"] for x in report["findings"]}
+        assert "communication" not in kinds and "tcp_suspected" not in kinds
+        straggler = wait_for(lambda: f.prom.firing("StepscopeRankStraggler"), timeout=45)
+        assert {(a["training_job"], a["rank"], a["Hostname"]) for a in straggler} == {
+            (JOB, "7", f.slow)}  # fmt: skip
+        screen = subprocess.run(
+            [sys.executable, "-m", "stepscope", "diagnose", "--prometheus", f.prom.url,
+             "--window", "30s"], capture_output=True, text=True, timeout=60,
+            env={"PYTHONPATH": str(REPO / "exporter"), "PATH": "/usr/bin:/bin"},
+        ).stdout  # fmt: skip
+        lines = screen.splitlines()
+        assert len(lines) <= 24, screen  # one screen
+        assert f"JOB {JOB}" in screen and f"SLOW: rank 7 on {f.slow}" in screen, screen
+        assert f"{f.slow}'s own verdict: compute+thermal_throttle" in screen, screen
+        assert "wait for it in all-reduce" in screen, screen
+        print(screen)
+
+        # the job ends: each node's own diagnosis reads its rank finished, not unknown
+        f.ranks.kill()
+        f.ranks.wait()
+
+        def finished() -> bool:
+            doc = json.loads(f.exporters[0].get("/api/v1/diagnosis")[2])
+            return any(v["kind"] == "finished" for v in doc["verdicts"])
+
+        wait_for(finished, timeout=20, interval=0.5)
