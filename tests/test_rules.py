@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from conftest import REPO, promtool
+from stepscope.diagnose.faults import CRITICAL_XIDS
 
 RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
 TESTS_DIR = REPO / "deploy" / "prometheus" / "rules-tests"
@@ -103,7 +104,8 @@ def test_xid_alerts_split_the_drain_codes_from_the_rest() -> None:
     assert drain["labels"]["severity"] == "critical"
     assert by_name["StepscopeGpuXid"]["labels"]["severity"] == "warning"
     codes = re.search(r'xid=~"([0-9|]+)"', drain["expr"])
-    assert codes and set(codes.group(1).split("|")) == {"48", "63", "64", "74", "79", "94", "95"}
+    # NVIDIA's XID catalogue's reset/reboot codes, the set the diagnosis holds as gpu_fault
+    assert codes and set(map(int, codes.group(1).split("|"))) == set(CRITICAL_XIDS)
     assert f'xid!~"{codes.group(1)}"' in by_name["StepscopeGpuXid"]["expr"]
 
 
