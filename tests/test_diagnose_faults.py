@@ -42,6 +42,7 @@ def test_every_faulted_gpu_of_the_faults_scenario_reads_gpu_fault_naming_its_fau
     assert (v[1].kind, v[1].modifiers) == ("gpu_fault", ("xid_critical",))
     assert "XID 79" in " ".join(v[1].evidence) and "reboot" in v[1].advice
     assert (v[2].kind, v[2].modifiers) == ("gpu_fault", ("gpu_down", "xid_critical"))
+    assert "reboot it" in v[2].advice  # XID 79's action, more precise than "down"
     assert v[3].kind == "gpu_fault"
     assert v[3].modifiers == ("xid_critical", "ecc_uncorrectable", "row_remap_pending")
     assert "XID 48" in " ".join(v[3].evidence)

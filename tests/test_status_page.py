@@ -126,3 +126,45 @@ def test_status_page_shows_a_card_per_gpu_and_rank_with_verdicts_in_chromium(
     assert not re.search(r'(?:src|href)="(?:https?:)?//', html)
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+def test_a_hardware_fault_cannot_be_missed_and_a_down_gpu_shows_no_reading_in_chromium(
+    exporter_factory: Any, tmp_path: Path
+) -> None:
+    """GPU 1 logs XID 79 and falls off the bus one second in: a red banner names it, the
+    title says FAULT, its card comes first and shows no reading."""
+    chromium()
+    scenario = tmp_path / "node.yaml"
+    scenario.write_text(json.dumps({
+        "gpus": 3, "model": "NVIDIA H200",
+        "timeline": [{"at": 1, "gpus": [1], "xid": 79},
+                     {"at": 1, "gpus": [1], "fall_off_bus": True}],
+    }))  # fmt: skip
+    cfg = tmp_path / "stepscope.yaml"
+    cfg.write_text(
+        f"interval: 0.3\nslow_interval: 1\nscenario: {scenario}\nhostname: node-9\n"
+        f"ingest: unix://{tmp_path / 'ingest.sock'}\ndiagnosis: {{window: 3}}\n"
+    )
+    exp = exporter_factory(["--config", str(cfg)])
+    wait_for(lambda: json.loads(exp.get("/api/v1/diagnosis")[2]).get("faults"), timeout=20)
+    url = exp.url + "/"
+    dom = browse(url, tmp_path, "--dump-dom", "--virtual-time-budget=1000")
+    assert dom.returncode == 0, dom.stderr
+    shot_dir = Path(os.environ.get("STEPSCOPE_ARTIFACTS") or tmp_path)
+    shot_dir.mkdir(parents=True, exist_ok=True)
+    shot = shot_dir / "status-page-fault.png"
+    png = browse(url, tmp_path, f"--screenshot={shot}", "--window-size=1280,1000",
+                 "--hide-scrollbars")  # fmt: skip
+    assert png.returncode == 0, png.stderr
+    html = dom.stdout
+    assert "<title>FAULT (1) - stepscope</title>" in html
+    banner = re.search(r'<section id="faults" class="faults" role="alert">(.*?)</section>', html)
+    assert banner and "gpu 1" in banner.group(1) and "gpu_down" in banner.group(1)
+    assert "reboot it" in banner.group(1)  # XID 79: NVIDIA's action is a node reboot
+    cards = re.findall(r'<section class="card ([a-z_ ]+)" data-kind="([a-z_]+)" '
+                       r'data-modifiers="([a-z0-9_,]*)" data-subject="([^"]+)">', html)
+    assert cards[0] == ("fault", "gpu_fault", "gpu_down,xid_critical", "gpu 1")
+    card = html[html.index('data-subject="gpu 1"'):]
+    card = card[: card.index("</section>")]
+    assert "GPU down: no current reading" in card and "data-signal" not in card
+    assert shot.exists() and shot.stat().st_size > 20_000

@@ -253,7 +253,10 @@ def _verdict_maker(
 def _fault_verdict(gpu: GpuWindow, verdict: _MakeVerdict) -> Verdict:
     """``gpu_fault``: every fault named (a modifier each), the most urgent one's action
     as the advice, each fault's evidence and action in the evidence."""
-    first, *rest = gpu.faults
+    # the advice follows the most specific fault: a critical XID's catalogue action
+    # (79: reboot, a reset cannot reach it) over the generic one of a GPU that is down
+    first = next((f for f in gpu.faults if f.modifier == "xid_critical"), gpu.faults[0])
+    rest = [f for f in gpu.faults if f is not first]
     advice = f"Hardware fault on GPU {gpu.info.index} ({first.modifier}): {first.action}"
     if rest:
         advice += " Also: " + ", ".join(f.modifier for f in rest) + "."

@@ -199,7 +199,8 @@ class FaultTracker:
 
     def __init__(self) -> None:
         self._counts: dict[str, Mapping[int, int]] = {}
-        self._seen: dict[str, tuple[bool, float, float]] = {}  # up, dbe+sbe vol, pending
+        # up, volatile ECC count, remap pending: the last seen (None: not read)
+        self._seen: dict[str, tuple[bool, float | None, float | None]] = {}
         self._held: dict[str, HeldXid] = {}
 
     def update(self, snapshot: Snapshot, hold: float) -> Mapping[str, HeldXid]:
@@ -208,26 +209,28 @@ class FaultTracker:
         now = snapshot.monotonic
         for gpu in part.gpus if part is not None else ():
             uuid = gpu.info.uuid
-            vol = gpu.values.get("ecc_dbe_vol_total", 0.0) + gpu.values.get(
-                "ecc_sbe_vol_total", 0.0)
-            pending = gpu.values.get("row_remap_pending", 0.0)
+            values = gpu.values
+            vol = None
+            if "ecc_dbe_vol_total" in values or "ecc_sbe_vol_total" in values:
+                vol = values.get("ecc_dbe_vol_total", 0.0) + values.get("ecc_sbe_vol_total", 0.0)
+            pending = values.get("row_remap_pending")
             before = self._seen.get(uuid)
             if before is not None and uuid in self._held:
                 was_up, was_vol, was_pending = before
-                back = not was_up and gpu.up
-                cleared = gpu.up and was_up and (vol < was_vol or pending < was_pending)
-                if back or cleared:
+                # a counter compares only with a reading of it: one failed getter is no reset
+                went_back = (vol is not None and was_vol is not None and vol < was_vol) or (
+                    pending is not None and was_pending is not None and pending < was_pending)
+                if (not was_up and gpu.up) or (gpu.up and was_up and went_back):
                     del self._held[uuid]  # the GPU was reset: the XID is dealt with
             if gpu.up or before is None:
                 self._seen[uuid] = (gpu.up, vol, pending)
             else:  # down: no values; remember it was down, keep the last counters
                 self._seen[uuid] = (False, before[1], before[2])
             counts = self._counts.get(uuid, {})
-            if gpu.xid_counts is not counts:
-                for code, n in gpu.xid_counts.items():
-                    if code in CRITICAL_XIDS and n > counts.get(code, 0):
-                        self._held[uuid] = HeldXid(code, now)
-                self._counts[uuid] = gpu.xid_counts
+            for code, n in gpu.xid_counts.items():  # a handful of codes at most
+                if code in CRITICAL_XIDS and n > counts.get(code, 0):
+                    self._held[uuid] = HeldXid(code, now)
+            self._counts[uuid] = gpu.xid_counts
         for uuid, held in list(self._held.items()):
             if now - held.since >= hold:
                 del self._held[uuid]
