@@ -6,8 +6,11 @@ sibling (``from _local import free_port``).
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -45,3 +48,36 @@ def wait_for_exporter(port: int, proc: subprocess.Popen[bytes], log: Path,
                 print(log.read_text())
                 return False
             time.sleep(0.2)
+
+
+def start_detached_exporter(args: list[str], log: Path, env: dict[str, str]) -> int:
+    """Start ``python -m stepscope serve ARGS`` detached from this process; its pid.
+
+    A training script must not be the exporter's parent: stepscope counts a rank's child
+    processes as its DataLoader workers (an idle child read as a blocked loader on the
+    H200). ``sh`` starts it in the background and exits, so it is re-parented.
+    """
+    launcher = subprocess.run(
+        ["sh", "-c", 'exec "$@" >"$LOG" 2>&1 </dev/null & echo $!', "sh", sys.executable,
+         "-m", "stepscope", "serve", *args],
+        env={**env, "LOG": str(log)}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(launcher.stdout.strip())
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_pid(pid: int, timeout: float = 15.0) -> None:
+    """SIGTERM ``pid`` and wait (polling) until it is gone or ``timeout`` passes."""
+    if pid_alive(pid):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)

@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _local import free_port
+from _local import free_port, pid_alive, start_detached_exporter, stop_pid
 from _local import get as get_url
 
 REPO = Path(__file__).resolve().parent.parent
@@ -181,24 +179,12 @@ def main() -> int:
     )
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO / "exporter"), "PYTHONUNBUFFERED": "1"}
-    # The exporter must not be a child of this (training) process: stepscope counts the
-    # rank's children as its DataLoader workers. sh starts it in the background and exits,
-    # so it is re-parented; we keep its pid to stop it.
-    launcher = subprocess.run(
-        ["sh", "-c", 'exec "$@" >"$LOG" 2>&1 </dev/null & echo $!', "sh", sys.executable, "-m",
-         "stepscope", "serve", "--listen", f"127.0.0.1:{port}",
-         "--config", str(tmp / "stepscope.yaml")],
-        env={**env, "LOG": str(args.out / "diagnose_exporter.log")},
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    exporter_pid = int(launcher.stdout.strip())
+    exporter_pid = start_detached_exporter(
+        ["--listen", f"127.0.0.1:{port}", "--config", str(tmp / "stepscope.yaml")],
+        args.out / "diagnose_exporter.log", env)
 
     def exporter_alive() -> bool:
-        try:
-            os.kill(exporter_pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
+        return pid_alive(exporter_pid)
 
     try:
         deadline = time.monotonic() + 60
@@ -230,11 +216,7 @@ def main() -> int:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "evidence"}), flush=True)
     finally:
-        if exporter_alive():
-            os.kill(exporter_pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        while exporter_alive() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        stop_pid(exporter_pid)
     gpu = torch.cuda.get_device_name(0)
     lines = [
         f"# Diagnosis on {gpu}: the field guide's preprocessing × num_workers example "

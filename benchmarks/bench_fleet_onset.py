@@ -1,0 +1,105 @@
+"""Onset to verdict, onset to alert: one node of a fleet turns slow; how long until we say so.
+
+    python benchmarks/bench_fleet_onset.py [--nodes 8] [--scrape 15s] [--slow-at 150]
+                                           [--for-as-shipped | --for 5s] [--timeout 900]
+
+The fleet of tests/fleet_harness.py on this machine: ``--nodes`` exporters (simulated
+H100, 1 s sampling, the default 30 s diagnosis window), a real Prometheus scraping them
+every ``--scrape`` with the shipped rules (``for:`` as shipped by default), the ranks
+of one job through the SDK, one per node. At ``--slow-at`` seconds (after the rate
+windows have filled with healthy steps) the last node's GPU starts throttling for
+temperature and its rank computes 0.45 s per step instead of 0.30 s; every other rank
+then waits for it in the all-reduce. From that onset it measures, polling every 2-5 s:
+
+- the slow node's own verdict (its ``/api/v1/diagnosis``) reading ``thermal_throttle``;
+- ``stepscope diagnose --prometheus`` naming the slow node, rank and the thermal cause,
+  with a 1-minute and with the default 5-minute window;
+- each shipped alert about it firing: ``StepscopeRankStraggler``,
+  ``StepscopeGpuThermalViolation``.
+
+Prints a markdown table (and writes it, with JSON, to ``--out`` when given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "exporter"))
+
+from fleet_harness import fleet, fleet_report  # noqa: E402
+
+ALERTS = ("StepscopeRankStraggler", "StepscopeGpuThermalViolation")
+
+
+def right(report: dict[str, Any], slow: str, rank: str) -> bool:
+    """The fleet view names the slow node and rank, with the thermal cause."""
+    found = [s for job in report.get("jobs", []) for s in job["slow_ranks"]]
+    return [(s["Hostname"], s["rank"]) for s in found] == [(slow, rank)] and (
+        "thermal_throttle" in found[0]["cause"])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--scrape", default="15s")
+    ap.add_argument("--slow-at", type=float, default=150.0)
+    ap.add_argument("--for", dest="for_", default=None,
+                    help="set every alert's for: to this (default: as shipped)")
+    ap.add_argument("--timeout", type=float, default=900.0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    rank = str(args.nodes - 1)
+    with tempfile.TemporaryDirectory(prefix="stepscope-onset-") as tmp, fleet(
+        Path(tmp), nodes=args.nodes, slow_at=args.slow_at, window=30.0, scrape=args.scrape,
+        for_=args.for_,
+    ) as f:
+        onset = f.onset(timeout=args.slow_at + 120)
+        print(f"onset at {time.strftime('%H:%M:%S', time.localtime(onset))}; polling",
+              file=sys.stderr)  # fmt: skip
+        seen: dict[str, float] = {}
+        wanted = ["local verdict", "fleet view (1m)", "fleet view (5m)", *ALERTS]
+        deadline = onset + args.timeout
+        while time.time() < deadline and len(seen) < len(wanted):
+            now = time.time()
+            if "local verdict" not in seen:
+                doc = json.loads(f.exporters[-1].get("/api/v1/diagnosis")[2])
+                if any("thermal_throttle" in v["modifiers"] for v in doc["verdicts"]):
+                    seen["local verdict"] = now - onset
+            for window in ("1m", "5m"):
+                name = f"fleet view ({window})"
+                if name not in seen and right(fleet_report(f.prom.url, window), f.slow, rank):
+                    seen[name] = now - onset
+            for alert in ALERTS:
+                if alert not in seen and any(a.get("Hostname") == f.slow
+                                             for a in f.prom.firing(alert)):  # fmt: skip
+                    seen[alert] = now - onset
+                    print(f"{alert} after {seen[alert]:.0f} s", file=sys.stderr)
+            time.sleep(max(0.0, 2.0 - (time.time() - now)))
+    for_ = f"for: {args.for_}" if args.for_ else "for: as shipped"
+    lines = [
+        f"# Onset to verdict and alert: {args.nodes} nodes, scrape {args.scrape}, {for_}",
+        "",
+        "| signal | seconds after onset |",
+        "|---|---|",
+    ]
+    lines += [f"| {name} | {seen[name]:.0f} |" if name in seen else
+              f"| {name} | not within {args.timeout:.0f} s |" for name in wanted]  # fmt: skip
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "fleet_onset.md").write_text(text)
+        (args.out / "fleet_onset.json").write_text(json.dumps(seen, indent=2))
+    return 0 if len(seen) == len(wanted) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,410 @@
+"""The diagnosis on a GPU, class by class: a confusion table of verdicts (issue 13).
+
+    python benchmarks/gpu_diagnose_wave2.py --out DIR            # on a CUDA GPU
+    python benchmarks/gpu_diagnose_wave2.py --out DIR --cpu      # rehearsal, simulated GPU
+
+Each class is a small training loop made to have one bottleneck, reporting every step
+through the SDK (``StepReporter``: CUDA event timing on a GPU) to a ``stepscope serve``
+that this script starts for the class (detached: the exporter must not be a child of the
+training process, which stepscope reads for its DataLoader workers). After the
+diagnosis window has filled, the rank's verdict is read from ``/api/v1/diagnosis`` once
+a second for ``--seconds``; the counts per verdict make the row of the table.
+
+- ``compute``: bf16 matmuls of 8192 x 8192; expected ``compute``.
+- ``fp32_no_tensor``: fp32 matmuls, TF32 off; ``compute`` + ``fp32_no_tensor``.
+- ``launch_bound``: a 16-layer MLP of width 64, batch 8, 4 micro-batches a step with
+  ``loss.item()`` after each; ``host_bound``.
+- ``memory_bound``: layer norm, GELU, residual adds and softmax on a 16384 x 8192 bf16
+  tensor; ``compute`` + ``memory_bound``.
+- ``input``: batches made in the training process (``num_workers=0``), CPU-heavy;
+  ``input``.
+- ``input_workers``: the same preprocessing in CPUs/4 workers, CPUs free; ``input``.
+- ``input_cpu``: pinned to 4 CPUs with 4 workers, heavier preprocessing; ``input_cpu``.
+- ``input_io``: 2 workers reading samples from a store throttled to 2 MB/s; ``input_io``.
+
+``--cpu`` runs the same loops on the CPU against an exporter with one simulated GPU
+whose scenario plays what the GPU would show for the class (``launch_bound``: SM active
+~2% with kernels 40% of the time; ``memory_bound``: ``kernels: elementwise``; input
+classes: a sawtooth of a GPU waiting for data): the host side (the SDK's timing, the
+process's and workers' CPU, the loader) is real, the GPU side is scripted. It proves the
+script and the host rules; only a GPU run checks the GPU rules.
+
+Writes ``confusion.md``, ``confusion.json`` and each class's exporter log to ``--out``
+(default ``$OUT``). About 30 s a class, 4 minutes in all on a 2-CPU machine with
+``--cpu``; ``--budget`` (default 290 s) skips the classes that would start after it, so a
+run ends within about 6 minutes whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from _local import free_port, get, pid_alive, start_detached_exporter, stop_pid
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "exporter"))
+
+# class -> (expected kind, expected modifier or None)
+EXPECTED: dict[str, tuple[str, str | None]] = {
+    "compute": ("compute", None),
+    "fp32_no_tensor": ("compute", "fp32_no_tensor"),
+    "launch_bound": ("host_bound", None),
+    "memory_bound": ("compute", "memory_bound"),
+    "input": ("input", None),
+    "input_workers": ("input", None),
+    "input_cpu": ("input_cpu", None),
+    "input_io": ("input_io", None),
+}
+# --cpu: what the simulated GPU shows for each class (docs/scenarios.md)
+WAITING_GPU = {"activity": "sawtooth", "period": 1.0, "duty": 0.3}
+CPU_SCENARIOS: dict[str, dict[str, Any]] = {
+    "compute": {},
+    "fp32_no_tensor": {"precision": "fp32"},
+    "launch_bound": {"activity": "sawtooth", "period": 0.01, "duty": 0.4, "level": 0.05},
+    "memory_bound": {"kernels": "elementwise", "level": 0.99},
+    "input": WAITING_GPU,
+    "input_workers": WAITING_GPU,
+    "input_cpu": WAITING_GPU,
+    "input_io": WAITING_GPU,
+}
+WINDOW = 8.0  # diagnosis window (s): short, so a class is judged soon after it starts
+SAMPLE = 3 * 64 * 64  # bytes of one stored sample (input_io)
+
+
+# ------------------------------------------------------------------ loaders (picklable:
+# DataLoader workers are spawned, and spawn re-imports this module)
+
+
+class Preprocessed:
+    """Synthetic images made and augmented on the CPU per item (blur passes)."""
+
+    def __init__(self, passes: int, size: int = 96) -> None:
+        self.passes, self.size = passes, size
+
+    def __len__(self) -> int:
+        return 1 << 20
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+        import torch.nn.functional as F
+
+        g = torch.Generator().manual_seed(i)
+        x = torch.rand(1, 3, self.size, self.size, generator=g)
+        kernel = torch.full((3, 1, 5, 5), 1 / 25)
+        for _ in range(self.passes):  # blur + jitter: CPU work per sample
+            x = F.conv2d(F.pad(x, (2, 2, 2, 2), mode="reflect"), kernel, groups=3) * 1.01
+        return x[0, :, :64, :64].contiguous()
+
+
+class SlowStore:
+    """Samples read from a file through a reader throttled to ``mbps`` MB/s."""
+
+    def __init__(self, path: str, mbps: float) -> None:
+        self.path, self.mbps = path, mbps
+
+    def __len__(self) -> int:
+        return 1 << 20
+
+    def __getitem__(self, i: int) -> Any:
+        import torch
+
+        with open(self.path, "rb") as f:
+            f.seek((i * SAMPLE) % max(1, os.path.getsize(self.path) - SAMPLE))
+            raw = f.read(SAMPLE)
+        time.sleep(len(raw) / (self.mbps * 1e6))  # the store's bandwidth
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(3, 64, 64).float() / 255
+
+
+# ------------------------------------------------------------------ the classes' loops
+
+
+def _loop_factory(name: str, device: str, tmp: Path) -> tuple[Callable[[], Any], Any, str]:
+    """(one training step without the reporter, the loader or None, the precision)."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    cuda = device == "cuda"
+    if name == "compute":
+        n = 8192 if cuda else 768
+        a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+        b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+        return (lambda: [a @ b for _ in range(4)]), None, "bf16"
+    if name == "fp32_no_tensor":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        n = 4096 if cuda else 768
+        a = torch.randn(n, n, device=device)
+        b = torch.randn(n, n, device=device)
+        return (lambda: [a @ b for _ in range(4)]), None, "fp32"
+    if name == "launch_bound":
+        layers: list[nn.Module] = []
+        for _ in range(16):
+            layers += [nn.Linear(64, 64), nn.ReLU()]
+        model = nn.Sequential(*layers).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def tiny() -> float:
+            total = 0.0
+            for _ in range(4):  # 4 micro-batches a step: ~800 tiny kernels, 4 host syncs
+                x = torch.randn(8, 64, device=device)
+                loss = model(x).pow(2).mean()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                total += float(loss.item())  # a host sync, as logging code does
+            return total
+
+        return tiny, None, "fp32"
+    if name == "memory_bound":
+        rows, cols = (16384, 8192) if cuda else (1024, 1024)
+        x = torch.randn(rows, cols, device=device, dtype=torch.bfloat16)
+
+        def elementwise() -> Any:
+            with torch.no_grad():
+                y = x
+                for _ in range(4):  # norm, activation, residual, softmax: all DRAM-bound
+                    h = F.layer_norm(y, (cols,))
+                    h = F.gelu(h) * 0.5
+                    y = (y + h).softmax(dim=-1) * cols
+            return y
+
+        return elementwise, None, "bf16"
+    # input classes: a small conv net on the GPU, batches from a loader; on the CPU a
+    # linear layer, so the training process stays as light as it is beside a GPU
+    net = (nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(32, 10)) if cuda else
+           nn.Sequential(nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(48, 10))).to(device)
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    cpus = len(os.sched_getaffinity(0))
+    spawn = "spawn" if cuda else None  # forked workers break on inherited CUDA state
+    if name == "input":
+        workers, dataset = 0, Preprocessed(passes=6)
+    elif name == "input_workers":
+        workers, dataset = max(1, cpus // 4), Preprocessed(passes=6)
+    elif name == "input_cpu":
+        workers, dataset = cpus, Preprocessed(passes=12)
+    else:  # input_io
+        store = tmp / "store.bin"
+        if not store.exists():
+            store.write_bytes(os.urandom(64 * SAMPLE))
+        workers, dataset = 2, SlowStore(str(store), mbps=2.0)  # type: ignore[assignment]
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=16, num_workers=workers, persistent_workers=workers > 0,
+        multiprocessing_context=spawn if workers else None, prefetch_factor=2 if workers else None)
+
+    def conv(batch: Any) -> None:
+        loss = net(batch.to(device, non_blocking=True)).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return conv, loader, "fp32"  # type: ignore[return-value]
+
+
+def run_class(name: str, device: str, seconds: float, tmp: Path, out: Path,
+              env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """Start an exporter for the class, run its loop, poll its verdict; the row."""
+    import torch
+
+    from stepscope.train import StepReporter
+
+    port = free_port()
+    ingest = f"unix://{tmp}/{name}.sock"
+    cfg = tmp / f"{name}.yaml"
+    lines = ["interval: 1", "slow_interval: 2", f"ingest: {ingest}",
+             f"diagnosis: {{window: {WINDOW}}}"]  # fmt: skip
+    if device == "cpu":
+        scenario = tmp / f"{name}-gpu.yaml"
+        scenario.write_text(json.dumps({"gpus": 1, "model": "NVIDIA H200",
+                                        "workload": CPU_SCENARIOS[name]}))  # fmt: skip
+        lines.append(f"scenario: {scenario}")
+    cfg.write_text("\n".join(lines) + "\n")
+    pid = start_detached_exporter(["--listen", f"127.0.0.1:{port}", "--config", str(cfg)],
+                                  out / f"exporter-{name}.log", env)  # fmt: skip
+    affinity = os.sched_getaffinity(0)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                doc = json.loads(get(f"http://127.0.0.1:{port}/api/v1/diagnosis"))
+                if doc.get("verdicts"):
+                    break
+            except OSError:
+                pass
+            if not pid_alive(pid) or time.monotonic() > deadline:
+                return {"class": name, "error": "exporter did not start",
+                        "log": (out / f"exporter-{name}.log").read_text()[-2000:]}
+            time.sleep(0.2)
+        if device == "cuda":
+            from stepscope.train._env import cuda_device_uuid
+
+            uuid = cuda_device_uuid(torch, 0) or ""
+        else:
+            uuid = next(v["subject"]["uuid"] for v in doc["verdicts"]
+                        if v["subject"]["gpu"] == 0)  # fmt: skip
+        if name == "input_cpu" and len(affinity) > 4:
+            os.sched_setaffinity(0, set(sorted(affinity)[:4]))  # workers inherit it
+        step, loader, precision = _loop_factory(name, device, tmp)
+        rep = StepReporter(name, ingest=ingest, gpu_uuid=uuid, precision=precision,
+                           warmup_steps=3)  # fmt: skip
+        stop = threading.Event()
+        polls: list[dict[str, Any]] = []
+
+        def poll() -> None:
+            time.sleep(WINDOW + 3)  # the window fills with this class's steps first
+            while not stop.wait(1.0):
+                try:
+                    doc = json.loads(get(f"http://127.0.0.1:{port}/api/v1/diagnosis"))
+                except OSError:
+                    continue  # a busy exporter: the next poll
+                v = next((v for v in doc["verdicts"] if v["subject"]["job"] == name), None)
+                if v is not None:
+                    polls.append(v)
+                if len(polls) >= seconds:
+                    stop.set()
+
+        poller = threading.Thread(target=poll, daemon=True)
+        t0 = time.perf_counter()
+        steps = 0
+        poller.start()
+        batches: Iterator[Any] = iter(rep.timed(loader)) if loader is not None else iter(())
+        while not stop.is_set() and time.perf_counter() - t0 < seconds + WINDOW + 30:
+            if loader is not None:
+                batch = next(batches)
+                with rep.step():
+                    step(batch)  # type: ignore[call-arg]
+            else:
+                with rep.step():
+                    step()
+            steps += 1
+        if device == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        stop.set()
+        poller.join(timeout=5)
+        rep.close()
+        # the loader's workers must be gone before the next class: they would count as
+        # its DataLoader workers (the same training process)
+        del loader, batches, step
+        gc.collect()
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    finally:
+        os.sched_setaffinity(0, affinity)
+        stop_pid(pid)
+    counts = Counter(v["kind"] for v in polls)
+    kind, modifier = EXPECTED[name]
+    right = sum(1 for v in polls if v["kind"] == kind
+                and (modifier is None or modifier in v["modifiers"]))  # fmt: skip
+    last = polls[-1] if polls else {}
+    sig = last.get("signals", {})
+    return {
+        "class": name, "expected": kind + (f"+{modifier}" if modifier else ""),
+        "polls": len(polls), "right": right, "counts": dict(counts),
+        "verdicts": dict(Counter(v["kind"] + "".join(f"+{m}" for m in v["modifiers"])
+                                 for v in polls)),
+        "steps_per_s": steps / elapsed if elapsed else 0.0,
+        "signals": {k: sig.get(k) for k in ("sm_active", "gpu_util", "dram_active",
+                                            "tensor_active", "fp32_active", "main_cpu_cores",
+                                            "data_wait_share", "compute_share",
+                                            "dataloader_cpu_cores", "cpu_busy")},
+        "advice": last.get("advice", ""), "evidence": last.get("evidence", []),
+    }
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def render(rows: list[dict[str, Any]], device_name: str, cpus: int) -> str:
+    """The confusion table: rows are classes, columns the verdict kinds seen."""
+    from stepscope.diagnose.model import KINDS
+
+    seen = [k for k in KINDS if any(k in r.get("counts", {}) for r in rows)]
+    out = [f"# Diagnosis confusion table on {device_name} ({cpus} CPUs)", "",
+           "Polls of the rank's verdict, one a second after the diagnosis window "
+           f"({WINDOW:g} s) filled. **right**: the expected kind with its modifier.", "",
+           "| class | expected | " + " | ".join(seen) + " | right | steps/s | SM | DRAM | "
+           "tensor | main CPU |", "|---|---|" + "---|" * (len(seen) + 6)]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['class']} | {r.get('expected', '')} | error: {r['error']} |")
+            continue
+        s = r["signals"]
+        cells = [str(r["counts"].get(k, "")) for k in seen]
+        main = s.get("main_cpu_cores")
+        out.append(
+            f"| {r['class']} | `{r['expected']}` | " + " | ".join(cells)
+            + f" | **{r['right']}/{r['polls']}** | {r['steps_per_s']:.1f} | "
+            f"{_pct(s.get('sm_active'))} | {_pct(s.get('dram_active'))} | "
+            f"{_pct(s.get('tensor_active'))} | {'-' if main is None else f'{main:.2f}'} |"
+        )
+    out += ["", "Verdicts with modifiers, advice and evidence (last poll):", ""]
+    for r in rows:
+        if "error" in r:
+            continue
+        out.append(f"- **{r['class']}**: {r['verdicts']}; advice: {r['advice']}")
+        out += [f"  - {e}" for e in r["evidence"]]
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    ap.add_argument("--cpu", action="store_true", help="rehearse on the CPU, simulated GPU")
+    ap.add_argument("--seconds", type=float, default=12.0, help="verdict polls per class")
+    ap.add_argument("--classes", nargs="*", default=list(EXPECTED), choices=list(EXPECTED))
+    ap.add_argument("--budget", type=float, default=290.0,
+                    help="seconds after which no further class starts")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    if args.cpu:
+        device, device_name = "cpu", "CPU (simulated H200 for the GPU side)"
+    elif torch.cuda.is_available():
+        device, device_name = "cuda", torch.cuda.get_device_name(0)
+        torch.cuda.init()
+        torch.cuda.set_device(0)
+    else:
+        print("gpu_diagnose_wave2: CUDA not available (use --cpu to rehearse)", file=sys.stderr)
+        return 2
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter"), "PYTHONUNBUFFERED": "1"}
+    cpus = len(os.sched_getaffinity(0))
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="stepscope-wave2-") as tmp:
+        for name in args.classes:
+            if time.monotonic() - started > args.budget:
+                rows.append({"class": name, "expected": "", "error": "skipped: over --budget"})
+                continue
+            try:
+                row = run_class(name, device, args.seconds, Path(tmp), args.out, env)
+            except Exception as exc:  # one broken class must not lose the others
+                row = {"class": name, "expected": "", "error": repr(exc)}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("evidence", "log")}),
+                  flush=True)  # fmt: skip
+    text = render(rows, device_name, cpus)
+    (args.out / "confusion.md").write_text(text)
+    (args.out / "confusion.json").write_text(json.dumps(
+        {"device": device_name, "cpus": cpus, "window": WINDOW, "rows": rows}, indent=2))
+    print(text)
+    print(f"total {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
