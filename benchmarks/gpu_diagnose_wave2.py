@@ -385,6 +385,7 @@ def main() -> int:
     cpus = len(os.sched_getaffinity(0))
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
+    text = render(rows, device_name, cpus)
     with tempfile.TemporaryDirectory(prefix="stepscope-wave2-") as tmp:
         for name in args.classes:
             if time.monotonic() - started > args.budget:
@@ -397,10 +398,12 @@ def main() -> int:
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("evidence", "log")}),
                   flush=True)  # fmt: skip
-    text = render(rows, device_name, cpus)
-    (args.out / "confusion.md").write_text(text)
-    (args.out / "confusion.json").write_text(json.dumps(
-        {"device": device_name, "cpus": cpus, "window": WINDOW, "rows": rows}, indent=2))
+            # written after every class: a run cut short still leaves its rows
+            text = render(rows, device_name, cpus)
+            (args.out / "confusion.md").write_text(text)
+            (args.out / "confusion.json").write_text(json.dumps(
+                {"device": device_name, "cpus": cpus, "window": WINDOW, "rows": rows},
+                indent=2))  # fmt: skip
     print(text)
     print(f"total {time.monotonic() - started:.0f} s", file=sys.stderr)
     return 0 if all("error" not in r for r in rows) else 1
