@@ -17,6 +17,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -101,8 +102,6 @@ def fleet(tmp: Path, *, nodes: int = 8, slow_at: float = 0.0, interval: float = 
           window: float = 10.0, scrape: str = "1s", for_: str | None = "5s",
           compute: float = 0.30, slow_compute: float = 0.45) -> Iterator[Fleet]:  # fmt: skip
     """Start the fleet; the slow node is the last. Everything is stopped on exit."""
-    import threading
-
     hosts = [f"node-{i}" for i in range(nodes)]
     slow = hosts[-1]
     scenario = tmp / "slow.yaml"
