@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     **{s: {"core", "datagram"} for s in SOURCES},
     "diagnose": {"core", "datagram", "yamltext", *SOURCES},
     "config": {"core", "datagram", "diagnose", "ingest", "yamltext", "logformat"},
-    "webconfig": {"config"},
+    "webconfig": {"config", "yamltext"},
 }
 APP = {"serve", "cli", "sources", "__main__"}
 
