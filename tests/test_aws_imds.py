@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -174,7 +175,8 @@ def test_node_info_family_labels() -> None:
 def test_exporter_serves_node_info_and_starts_before_imds_answers(imds: FakeImds) -> None:
     imds.hold.clear()  # the token PUT hangs until released
     exp = start_exporter(
-        ["--simulate", "1", "--hostname", "node-a", "--ingest", "udp://127.0.0.1:0"],
+        ["--simulate", "1", "--hostname", "node-a",
+         "--ingest", f"unix://{tempfile.mkdtemp()}/i.sock"],
         env={**_env(imds), "AWS_METADATA_SERVICE_TIMEOUT": "30"},
     )
     try:
@@ -198,7 +200,7 @@ def test_exporter_serves_without_botocore(tmp_path: Path) -> None:
     (fake / "__init__.py").write_text("raise ImportError('no botocore here')\n")
     path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)
     exp = start_exporter(
-        ["--simulate", "1", "--ingest", "udp://127.0.0.1:0"],
+        ["--simulate", "1", "--ingest", f"unix://{tempfile.mkdtemp()}/i.sock"],
         env={"PYTHONPATH": path, "AWS_EC2_METADATA_SERVICE_ENDPOINT": "http://127.0.0.1:9/"},
     )
     try:
