@@ -44,7 +44,7 @@ class Thresholds:
     main_cpu_busy: float = 0.7
     # ... unless kernels run all the time (util %, at/above this): small grids instead
     busy_gpu_util: float = 90.0
-    dram_busy: float = 0.6  # DRAM active at/above this with tensor pipes idle: memory_bound
+    dram_busy: float = 0.45  # DRAM active at/above this with tensor pipes idle: memory_bound
     pcie_replays_per_minute: float = 8.0  # PCIe replays: a storm (DCGM's health limit)
     fault_hold: float = 600.0  # seconds a critical XID keeps the fault verdict (no reset seen)
     finished_linger: float = 60.0  # seconds a finished rank reads `finished` before it drops
