@@ -63,6 +63,17 @@ class Exporter:
         return self.proc.wait(timeout=15)
 
 
+@pytest.fixture
+def exporters() -> Iterator[list[Exporter]]:
+    """Exporters a test starts (append them); killed at the end whatever happened."""
+    started: list[Exporter] = []
+    yield started
+    for exp in started:
+        if exp.proc.poll() is None:
+            exp.proc.kill()
+            exp.proc.wait()
+
+
 def start_exporter(
     args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 30.0
 ) -> Exporter:

@@ -43,16 +43,6 @@ def sock_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def exporters() -> Iterator[list[Exporter]]:
-    started: list[Exporter] = []
-    yield started
-    for exp in started:
-        if exp.proc.poll() is None:
-            exp.proc.kill()
-            exp.proc.wait()
-
-
 def serve(started: list[Exporter], url: str, **env: str) -> Exporter:
     exp = start_exporter(["--simulate", "1", "--interval", "0.2", "--ingest", url],
                          env={f"STEPSCOPE_{k.upper()}": v for k, v in env.items()})

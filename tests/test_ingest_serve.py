@@ -34,16 +34,6 @@ def sock_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture
-def exporters() -> Iterator[list[Exporter]]:
-    started: list[Exporter] = []
-    yield started
-    for exp in started:
-        if exp.proc.poll() is None:
-            exp.proc.kill()
-            exp.proc.wait()
-
-
 def serve(started: list[Exporter], *args: str) -> Exporter:
     exp = start_exporter(["--simulate", "2", "--interval", "0.2", *args])
     started.append(exp)
