@@ -724,6 +724,16 @@ def diagnose(
         if rw is not None:
             by_job.setdefault(r.job, []).append(rw)
     claimed: set[str] = set()
+    # each GPU's window once per pass, however many ranks share the GPU
+    gpu_windows: dict[str, GpuWindow | None] = {}
+
+    def gpu_of(uuid: str | None) -> GpuWindow | None:
+        if not uuid:
+            return None
+        if uuid not in gpu_windows:
+            gpu_windows[uuid] = gpu_window(uuid, window, th, held.get(uuid))
+        return gpu_windows[uuid]
+
     for ranks in by_job.values():
         live = []
         for rw in ranks:
@@ -733,8 +743,7 @@ def diagnose(
                 continue
             if now - mark.since >= th.finished_linger:
                 continue  # dropped out: its GPU is judged on its own again
-            uuid = rw.view.uuid
-            gpu = gpu_window(uuid, window, th, held.get(uuid)) if uuid else None
+            gpu = gpu_of(rw.view.uuid)
             if gpu is not None and gpu.faults:
                 live.append(rw)  # a fault outranks "finished": the GPU needs attention
                 continue
@@ -743,8 +752,7 @@ def diagnose(
             verdicts.append(finished_verdict(rw, gpu, mark, now))
         peers = JobPeers.of(live, th)
         for rw in live:
-            uuid = rw.view.uuid
-            gpu = gpu_window(uuid, window, th, held.get(uuid)) if uuid else None
+            gpu = gpu_of(rw.view.uuid)
             if gpu is not None:
                 claimed.add(gpu.info.uuid)
             host = host_window(rw.view.pid, window)
@@ -752,7 +760,7 @@ def diagnose(
     for g in _gpus(latest):
         if g.info.uuid in claimed:
             continue
-        gw = gpu_window(g.info.uuid, window, th, held.get(g.info.uuid))
+        gw = gpu_of(g.info.uuid)
         if gw is not None:
             verdicts.append(gpu_verdict(gw, th))
     return Diagnosis(span, len(window), tuple(verdicts), th)
