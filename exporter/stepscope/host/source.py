@@ -121,7 +121,12 @@ class HostSource(Source[HostReading]):
             cpus = tuple(sorted(tracked.proc.cpu_affinity() or ()))
         except (psutil.Error, AttributeError, OSError):  # no affinity on this platform
             cpus = ()
-        return ProcessReading(pid, main / dt, workers, workers_cpu / dt, cpus)
+        # CPU times tick in 10 ms jiffies: over a short dt one tick can read as several
+        # cores; nothing uses more cores than it may run on
+        limit = float(len(cpus) or psutil.cpu_count() or 1)
+        return ProcessReading(
+            pid, min(main / dt, limit), workers, min(workers_cpu / dt, limit), cpus
+        )
 
     def read(self, ctx: ReadContext) -> HostReading:
         return self.read_pids(r.pid for r in ctx.ranks if r.pid is not None)
