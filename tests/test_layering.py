@@ -4,8 +4,9 @@
 - the sources (``gpu``, ``ingest``, ``host``, ``net``, ``aws``, ``attribution``) import the
   core and the datagram schema, never each other: data flows through the Snapshot;
 - the diagnosis reads every source's part, and nothing reads the diagnosis but the app;
-- the SDK (``stepscope.train``) imports only itself and the datagram schema, so a
-  training process never loads the exporter;
+- the SDK (``stepscope.train``) imports only itself, the datagram schema and the NCCL
+  log parser (``nccl_log``, shared with ``nccl-check``), so a training process never
+  loads the exporter;
 - only the app layer (``serve``, ``cli``, ``sources``) wires everything together.
 """
 
@@ -26,10 +27,11 @@ ALLOWED: dict[str, set[str]] = {
     "datagram": set(),
     "yamltext": set(),
     "logformat": set(),
+    "nccl_log": {"datagram"},  # the NCCL log parser: nccl-check and the SDK share it
     "healthcheck": {"config"},  # the image's HEALTHCHECK: reads the listen address
-    "train": {"datagram"},
+    "train": {"datagram", "nccl_log"},
     **{s: {"core", "datagram"} for s in SOURCES},
-    "diagnose": {"core", "datagram", "yamltext", *SOURCES},
+    "diagnose": {"core", "datagram", "yamltext", "nccl_log", *SOURCES},
     "config": {"core", "datagram", "diagnose", "ingest", "yamltext", "logformat"},
     "webconfig": {"config", "yamltext"},
 }

@@ -35,11 +35,14 @@ key                type      meaning
 ``flops``         float     model FLOPs of this rank in this step, >= 0
 ``precision``     str       ``bf16`` | ``fp16`` | ``tf32`` | ``fp32`` | ``fp8``
 ``dropped``       int       datagrams this rank failed to send so far
+``nccl_transport`` str      the network NCCL chose for the rank, once known:
+                            one of :data:`NCCL_TRANSPORTS` (opt-in in the SDK)
 =================  ========  ==================================================
 
 Phases: ``data + compute + comm <= dur`` (up to rounding); the rest of the step is
-``other``. Unknown keys are ignored (forward compatibility within a version); a
-different ``v`` is rejected.
+``other``. Unknown keys are ignored (forward compatibility within a version: an exporter
+older than ``nccl_transport`` accepts datagrams carrying it); a different ``v`` is
+rejected.
 
 Validation is the per-datagram hot path (target: 50,000 datagrams/s on one core with
 the socket and the aggregation included), so checks are plain ``type() is`` tests and
@@ -69,6 +72,10 @@ MAX_LABEL_LENGTH = 128
 # backslashes, no whitespace: safe in every exposition and PromQL selector.
 LABEL_VALUE_RE = re.compile(r"\A[A-Za-z0-9_.:/@+=-]{1,128}\Z")
 PRECISIONS = ("bf16", "fp16", "tf32", "fp32", "fp8")
+# What NCCL's network can be, in the words of `stepscope nccl-check`
+# (stepscope.nccl_log): EFA or another libfabric provider through aws-ofi-nccl,
+# InfiniBand/RoCE verbs, TCP sockets. A closed set: the exporter serves it as a label.
+NCCL_TRANSPORTS = ("efa", "ib", "libfabric", "socket")
 PHASES = ("data_wait", "compute", "comm", "other")
 
 
@@ -218,7 +225,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "missing_field",  # a required field is absent
     "wrong_type",  # a field has the wrong JSON type
     "out_of_range",  # a number is NaN/inf, negative, too large, or phases exceed dur
-    "bad_label",  # a label value (job, uuid, precision) is not accepted
+    "bad_label",  # a label value (job, uuid, precision, nccl_transport) is not accepted
     "not_allowed",  # the sender's uid and gid are not in ingest_allow_uids/_gids
     "bad_pid",  # the pid the datagram reports is not the sender's, per the kernel
     "not_owner",  # the job or rank belongs to another uid, or the rank to another process
@@ -237,6 +244,7 @@ MAX_PID = (1 << 31) - 1
 MAX_TOKENS = 1 << 53  # exact in a float counter
 MAX_DROPPED = 1 << 53
 _PRECISIONS = frozenset(PRECISIONS)
+_NCCL_TRANSPORTS = frozenset(NCCL_TRANSPORTS)
 
 
 @dataclass(frozen=True)
@@ -274,6 +282,8 @@ class StepRecord(NamedTuple):
     pid: int | None
     uuid: str | None
     dropped: int
+    # None: not reported (the SDK did not opt in, NCCL has not said yet, an older SDK)
+    nccl_transport: str | None = None
 
 
 class Rejection(NamedTuple):
@@ -379,6 +389,14 @@ def _step(obj: dict[str, Any], limits: Limits) -> StepRecord:
         raise _Reject("bad_label", "precision is not one of " + ", ".join(PRECISIONS))
     dropped = _int(obj, "dropped", 0, MAX_DROPPED, 0)
     assert tokens is not None and dropped is not None
+    transport = obj.get("nccl_transport")
+    if transport is not None or "nccl_transport" in obj:
+        if type(transport) is not str:
+            raise _Reject("wrong_type", "nccl_transport must be a string")
+        if transport not in _NCCL_TRANSPORTS:  # a closed set: it becomes a label value
+            raise _Reject(
+                "bad_label", "nccl_transport is not one of " + ", ".join(NCCL_TRANSPORTS)
+            )
     return StepRecord(
         job,
         rank,
@@ -398,6 +416,7 @@ def _step(obj: dict[str, Any], limits: Limits) -> StepRecord:
         pid,
         uuid,
         dropped,
+        transport,
     )
 
 
@@ -438,7 +457,10 @@ PendingStep = tuple[int, bool, float, float, float, float, float, int, float]
 
 
 class StepEncoder:
-    """Turns a :data:`PendingStep` into datagram bytes for one rank."""
+    """Turns a :data:`PendingStep` into datagram bytes for one rank.
+
+    What is constant for the rank (its identity, and the NCCL transport once known) is
+    JSON-encoded once, here; a new fact means a new encoder, not a cost per step."""
 
     def __init__(
         self,
@@ -448,6 +470,7 @@ class StepEncoder:
         world_size: int,
         precision: str,
         uuid: str | None = None,
+        nccl_transport: str | None = None,
     ) -> None:
         head: dict[str, object] = {
             "v": SCHEMA_VERSION,
@@ -461,6 +484,8 @@ class StepEncoder:
         }
         if uuid is not None:
             head["uuid"] = uuid
+        if nccl_transport is not None:
+            head["nccl_transport"] = nccl_transport
         self.prefix = json.dumps(head, separators=(",", ":"))[:-1] + ","
 
     def encode(self, record: PendingStep, dropped: int) -> bytes:

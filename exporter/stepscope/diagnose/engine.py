@@ -664,7 +664,15 @@ def _comm_verdict(
     why = [f"exposed communication {ours_comm:.3f} s per step"]
     mods: list[str] = []
     local = peers.local
-    if r.world_size is not None and r.world_size > local:
+    spans = r.world_size is not None and r.world_size > local
+    # NCCL's own choice, when the rank reports it (SDK nccl_transport=True), over inference
+    if spans and r.nccl_transport == "socket":
+        mods.append("tcp_suspected")
+        why.append(
+            f"the job spans nodes ({r.world_size} ranks, {local} here) and the rank "
+            "reports that NCCL chose TCP sockets"
+        )
+    elif spans and r.nccl_transport not in ("efa", "ib"):
         ports, rate = _rdma_rate(window)
         if ports == 0:
             mods.append("tcp_suspected")

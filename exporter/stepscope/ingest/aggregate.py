@@ -24,10 +24,12 @@ rank's sender and a rank to the process that sent its first datagram (its kernel
 when the kernel can name it in our PID namespace), until they expire; another sender
 is rejected (``not_owner``). A rank's identity labels (local_rank, pid, world_size,
 uuid, precision) are fixed by its first datagram (``identity_changed``), so no sender
-can churn series. A uid holds at most half of ``max_jobs`` while other uids report
-(``cap_uid``), and gives back its least recently active job beyond that share when
-another uid needs a slot: nobody squats every job slot. UDP carries no sender: all of
-it is one unauthenticated principal (``sender=None``).
+can churn series. The NCCL transport is not identity (a rank learns it after its first
+steps): the latest reported value is kept, one of a closed set of four, so one series.
+A uid holds at most half of ``max_jobs`` while other uids report (``cap_uid``), and
+gives back its least recently active job beyond that share when another uid needs a
+slot: nobody squats every job slot. UDP carries no sender: all of it is one
+unauthenticated principal (``sender=None``).
 """
 
 from __future__ import annotations
@@ -124,6 +126,8 @@ class RankView:
     last_step_timestamp: float
     sdk_dropped: int
     achieved_flops_per_second: float | None
+    # the network NCCL chose, as the rank last reported it; None: never reported
+    nccl_transport: str | None = None
 
     @property
     def measured_steps(self) -> int:
@@ -192,6 +196,7 @@ class _RankState:
     last_t: float = 0.0
     last_seen: float = 0.0
     dropped: int = 0
+    nccl_transport: str | None = None
     # [second, flops, first start, last end] per whole second of receive time
     window: deque[list[float]] = field(default_factory=deque)
 
@@ -207,6 +212,8 @@ class _RankState:
     def observe(self, rec: StepRecord, now: float, window: float) -> None:
         self.last_seen = now
         self.dropped = rec.dropped
+        if rec.nccl_transport is not None:  # a datagram without it says nothing new
+            self.nccl_transport = rec.nccl_transport
         self.last_t = rec.t
         self.steps += 1
         if rec.warmup:
@@ -271,6 +278,7 @@ class _RankState:
             last_step_timestamp=self.last_t,
             sdk_dropped=self.dropped,
             achieved_flops_per_second=self.achieved(now, window),
+            nccl_transport=self.nccl_transport,
         )
 
 

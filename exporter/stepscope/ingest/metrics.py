@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from stepscope.core.exposition import COUNTER, GAUGE, HISTOGRAM, Family, join_labels, label_string
 from stepscope.core.labels import LabelSchema
-from stepscope.datagram import PHASES
+from stepscope.datagram import NCCL_TRANSPORTS, PHASES
 from stepscope.ingest.aggregate import STEP_BUCKETS, TrainingView
 from stepscope.ingest.mfu import rank_mfu
 from stepscope.ingest.peak_flops import PeakTable
@@ -17,6 +17,7 @@ from stepscope.ingest.peak_flops import PeakTable
 # le values as prometheus_client writes them ("0.5", "1.0", "+Inf")
 _LE = (*(label_string((("le", repr(float(b))),)) for b in STEP_BUCKETS), '{le="+Inf"}')
 _PHASE = tuple(label_string((("phase", p),)) for p in PHASES)
+_TRANSPORT = {t: label_string((("transport", t),)) for t in NCCL_TRANSPORTS}
 _REPORTED = " Reported by the training ranks, aggregated by the exporter; warm-up steps excluded."
 
 
@@ -86,6 +87,13 @@ def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
         COUNTER,
         "Step reports the rank's SDK failed to send (exporter absent, socket full).",
     )
+    transport = Family(
+        "stepscope_nccl_transport_info",
+        GAUGE,
+        "The network NCCL chose for the rank (efa, ib, libfabric: another libfabric "
+        "provider, socket: TCP), as the rank's SDK read it from NCCL's debug output "
+        "(opt-in: nccl_transport=True); the value is always 1.",
+    )
     info = Family(
         "stepscope_training_rank_info",
         GAUGE,
@@ -113,6 +121,8 @@ def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
             mfu.add(lbl, result.value)
         last.add(lbl, r.last_step_timestamp)
         dropped.add(lbl, float(r.sdk_dropped))
+        if r.nccl_transport is not None:
+            transport.add(join_labels(lbl, _TRANSPORT[r.nccl_transport]), 1.0)
         info.add(
             join_labels(
                 lbl,
@@ -127,7 +137,7 @@ def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
             ),
             1.0,
         )
-    return [duration, steps, warmup, phases, tokens, flops, mfu, last, dropped, info]
+    return [duration, steps, warmup, phases, tokens, flops, mfu, last, dropped, transport, info]
 
 
 def ingest_families(view: TrainingView) -> list[Family]:
