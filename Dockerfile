@@ -21,10 +21,11 @@ RUN python -m venv /opt/stepscope
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY exporter/ exporter/
-# Not editable, no test extra. auth: bcrypt for basic auth in --web-config. Node info
+# Not editable, no test extra. auth: bcrypt for basic auth in --web-config. kubernetes:
+# grpcio and protobuf for pod attribution (the chart turns it on). Node info
 # (IMDSv2) needs no AWS SDK; `stepscope discover` (boto3, the aws extra) runs where
 # Prometheus is, not on the GPU node: --build-arg EXTRAS=auth,aws adds it.
-ARG EXTRAS="auth"
+ARG EXTRAS="auth,kubernetes"
 # Then the venv's own pip and setuptools go: nothing in the image installs packages.
 RUN /opt/stepscope/bin/pip install --no-compile ".${EXTRAS:+[$EXTRAS]}" \
     && /opt/stepscope/bin/python -m pip uninstall -q -y pip setuptools \

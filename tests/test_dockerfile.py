@@ -243,10 +243,13 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_image_install_has_its_extras_and_serves_simulated_gpus(image_venv: Path) -> None:
     py = str(image_venv / "bin" / "python")
-    for module, extra in (("bcrypt", "auth"), ("boto3", "aws"), ("botocore.utils", "aws")):
+    stubs = "stepscope.attribution.podresources.api_pb2_grpc"
+    for module, extra in (("bcrypt", "auth"), ("boto3", "aws"), ("botocore.utils", "aws"),
+                          ("grpc", "kubernetes"), (stubs, "kubernetes")):
         found = subprocess.run([py, "-c", f"import {module}"], capture_output=True).returncode == 0
         assert found == (extra in _extras().split(",")), module
     assert "aws" not in _extras().split(","), "node info needs no AWS SDK; discover runs elsewhere"
+    assert "kubernetes" in _extras().split(","), "the chart turns pod attribution on"
     for absent in ("pytest", "pip", "setuptools"):
         assert subprocess.run([py, "-c", f"import {absent}"], capture_output=True).returncode != 0
     assert not list((image_venv / "bin").glob("pip*"))

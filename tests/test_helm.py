@@ -154,6 +154,12 @@ def test_values_schema_rejects_bad_values() -> None:
             {"gpu": {"deviceListStrategy": "cdi"}},
             {"gpu": {"waitForDriver": -1}},
             {"networkPolicy": {"from": {}}},
+            {"ingest": {"mode": "0777"}},  # execute bits
+            {"ingest": {"mode": 660}},  # YAML reads it as decimal: a string, as octal
+            {"ingest": {"group": "not a group"}},
+            {"ingest": {"group": -1}},
+            {"podResources": {"hostPath": "var/lib/kubelet/pod-resources"}},
+            {"podResources": {"enable": True}},
         ):
             with pytest.raises(helm_python.HelmValuesError):
                 chart.validate_schema(bad)
@@ -162,11 +168,12 @@ def test_values_schema_rejects_bad_values() -> None:
 # ---- the DaemonSet
 
 
-def test_daemonset_runs_non_root_without_privilege_or_capabilities(
-    default_objects: list[dict[str, Any]],
-) -> None:
-    pod = _pod(default_objects)
-    main = _main(default_objects)
+def test_daemonset_runs_non_root_without_privilege_or_capabilities() -> None:
+    # pod attribution off: nothing needs root (with it on, see the pod-resources tests)
+    objs = rendered_objects({"podResources": {"enabled": False}})
+    pod = _pod(objs)
+    main = _main(objs)
+    assert "runAsUser" not in main["securityContext"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 10001
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
@@ -272,7 +279,10 @@ def test_wait_for_driver_reaches_the_exporter_only_when_set() -> None:
 def test_only_the_socket_directory_init_step_has_a_capability_and_it_is_chown(
     default_objects: list[dict[str, Any]],
 ) -> None:
+    # the directory goes to the exporter's user: root with pod attribution (the default)
     (init,) = _pod(default_objects)["initContainers"]
+    assert init["command"] == ["chown", "0:10001", "/run/stepscope"]
+    (init,) = _pod(rendered_objects({"podResources": {"enabled": False}}))["initContainers"]
     assert init["command"] == ["chown", "10001:10001", "/run/stepscope"]
     sc = init["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
@@ -512,3 +522,67 @@ def test_host_label_picks_the_exporter_label_rules_and_dashboards_from_one_value
     assert "by (cluster, Hostname)" in yaml.safe_dump(one(default, "PrometheusRule")["spec"])
     (endpoint,) = one(default, "ServiceMonitor")["spec"]["endpoints"]
     assert all(r.get("targetLabel") != "cluster" for r in endpoint["relabelings"])
+
+
+# ---- pod attribution and who may report
+
+
+def _env(container: dict[str, Any]) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container["env"]}
+
+
+def test_pod_attribution_mounts_the_kubelet_socket_read_only_and_adds_uid_0_only(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    """On by default: the kubelet's pod-resources directory read-only, the socket named to
+    the exporter, and root (the kubelet's socket is root's 0755) as the one privilege
+    added: no capability, no escalation, read-only root file system."""
+    pod, main = _pod(default_objects), _main(default_objects)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["pod-resources"]["hostPath"] == {
+        "path": "/var/lib/kubelet/pod-resources", "type": "DirectoryOrCreate"}
+    (mount,) = [m for m in main["volumeMounts"] if m["name"] == "pod-resources"]
+    assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources",
+                     "readOnly": True}
+    assert _env(main)["STEPSCOPE_KUBERNETES_POD_RESOURCES"] == (
+        "/var/lib/kubelet/pod-resources/kubelet.sock")
+    sc = main["securityContext"]
+    assert (sc["runAsUser"], sc["runAsNonRoot"]) == (0, False)
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["privileged"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert pod["securityContext"]["runAsGroup"] == 10001, "the socket's group stays"
+    ds = one(default_objects, "DaemonSet")
+    assert ds["metadata"]["annotations"]["stepscope.io/pod-security-level"] == "privileged"
+
+    off = rendered_objects({"podResources": {"enabled": False}})
+    assert "pod-resources" not in {v["name"] for v in _pod(off)["volumes"]}
+    assert "STEPSCOPE_KUBERNETES_POD_RESOURCES" not in _env(_main(off))
+    # a namespace at "restricted" still gets a pod without ingest and attribution
+    restricted = rendered_objects(_ci(CHART / "ci" / "restricted-values.yaml"))
+    level = one(restricted, "DaemonSet")["metadata"]["annotations"]
+    assert level["stepscope.io/pod-security-level"] == "restricted"
+
+
+def test_the_scrape_drops_the_exporter_pods_own_pod_labels_only_with_attribution() -> None:
+    objs = rendered_objects({"podMonitor": {"enabled": True}})
+    drop = {"action": "labeldrop", "regex": "pod|namespace|container"}
+    for kind in ("ServiceMonitor", "PodMonitor"):
+        (endpoint,) = one(objs, kind)["spec"].get("endpoints") or one(objs, kind)["spec"][
+            "podMetricsEndpoints"]
+        assert drop in endpoint["relabelings"], kind
+        assert endpoint["honorLabels"] is False
+    off = rendered_objects({"podResources": {"enabled": False}})
+    (endpoint,) = one(off, "ServiceMonitor")["spec"]["endpoints"]
+    assert drop not in endpoint["relabelings"]
+
+
+def test_the_ingest_socket_is_for_the_exporters_group_not_every_user(
+    default_objects: list[dict[str, Any]],
+) -> None:
+    env = _env(_main(default_objects))
+    assert (env["STEPSCOPE_INGEST_GROUP"], env["STEPSCOPE_INGEST_MODE"]) == ("10001", "0660")
+    env = _env(_main(rendered_objects({"ingest": {"group": 2000, "mode": "0666"}})))
+    assert (env["STEPSCOPE_INGEST_GROUP"], env["STEPSCOPE_INGEST_MODE"]) == ("2000", "0666")
+    env = _env(_main(rendered_objects({"ingest": {"enabled": False}})))
+    assert "STEPSCOPE_INGEST_GROUP" not in env

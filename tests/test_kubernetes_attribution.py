@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
-from conftest import Exporter, parse_samples, start_exporter, wait_for
+from conftest import REPO, Exporter, parse_samples, start_exporter, wait_for
 from stepscope.attribution.kubernetes import (
     DeviceAllocation,
     KubeletUnavailable,
@@ -372,3 +376,126 @@ def test_a_process_that_may_not_connect_is_told_why(tmp_path: Path) -> None:
         f"{path}: permission denied: only uid 0 may connect to the kubelet's socket "
         "(no capability needed); this process runs as uid 65534"
     )
+
+
+# ------------------------------------------------------------------ as the chart deploys it
+
+
+def _as_the_chart_runs_the_exporter(script: str, mount: Path) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` as the chart's exporter container runs: uid 0 with every capability
+    dropped (bounding set included), gid 10001, no privilege escalation, the kubelet's
+    pod-resources directory bind-mounted read-only (a private mount namespace)."""
+    if os.geteuid() != 0:
+        pytest.skip("a private read-only mount and dropped capabilities need root to set up")
+    for tool in ("unshare", "setpriv", "mount"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} (util-linux) is not installed")
+    inner = (
+        f"mount --bind {mount} {mount} && mount -o remount,ro,bind {mount} && "
+        "exec setpriv --reuid=0 --regid=10001 --clear-groups --no-new-privs "
+        "--inh-caps=-all --bounding-set=-all "
+        f"{sys.executable} -c {shlex.quote(script)}"
+    )
+    probe = subprocess.run(["unshare", "--mount", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no mount namespace here: {probe.stderr.decode().strip()}")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    return subprocess.run(["unshare", "--mount", "sh", "-c", inner], capture_output=True,
+                          text=True, timeout=60, env=env)
+
+
+def test_uid_0_without_any_capability_reads_the_kubelet_through_a_read_only_mount(
+    tmp_path: Path,
+) -> None:
+    """What the chart grants is what the kubelet's socket needs, no more: its socket is
+    root's with mode 0755 in a 0750 directory; connect() needs write permission on the
+    socket file, which the owner has without CAP_DAC_OVERRIDE, and no write access to the
+    file system (the mount is read-only)."""
+    directory = tmp_path / "pod-resources"
+    directory.mkdir(mode=0o750)
+    server = KubeletServer(directory / "kubelet.sock")
+    server.start()
+    try:
+        (directory / "kubelet.sock").chmod(0o755)
+        server.kubelet.listed = response(
+            pod("ml", "trainer-0", container("pytorch", ("nvidia.com/gpu", [UUID_A]))))
+        script = (
+            "import os, pathlib\n"
+            "from stepscope.attribution.kubernetes import list_pod_resources\n"
+            f"d = pathlib.Path({str(directory)!r})\n"
+            "try:\n"
+            "    (d / 'probe').write_text('x')\n"
+            "    print('writable')\n"
+            "except OSError as exc:\n"
+            "    print('read-only' if exc.errno == 30 else exc)\n"
+            "caps = [l.split()[1] for l in open('/proc/self/status') if l.startswith('CapEff')]\n"
+            "print(os.getuid(), os.getgid(), caps[0])\n"
+            "r = list_pod_resources(str(d / 'kubelet.sock')).pod_resources[0]\n"
+            "print(r.name, r.containers[0].devices[0].device_ids[0])\n"
+        )
+        done = _as_the_chart_runs_the_exporter(script, directory)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines() == [
+            "read-only", "0 10001 0000000000000000", f"trainer-0 {UUID_A}"]
+    finally:
+        server.stop()
+
+
+def _prometheus_relabeling(operator: dict[str, Any]) -> dict[str, Any]:
+    """A Prometheus Operator RelabelConfig as the relabel_config Prometheus runs."""
+    names = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return {names.get(k, k): (str(v).lower() if k == "action" else v)
+            for k, v in operator.items()}
+
+
+@pytest.mark.parametrize("attribution", [True, False], ids=["chart", "without-labeldrop"])
+def test_the_workloads_pod_labels_reach_prometheus_under_the_charts_scrape_config(
+    tmp_path: Path, kubelet: KubeletServer, attribution: bool
+) -> None:
+    """The Prometheus Operator gives every target of a ServiceMonitor the labels pod,
+    namespace and container of the scraped pod (the exporter's own). With honor_labels
+    false, as shipped, a GPU series' pod label of the workload then becomes exported_pod
+    and every "which pod is on this GPU" query finds nothing. The chart's scrape drops
+    those target labels; without that step the labels are renamed, as here."""
+    from test_helm import one, rendered_objects
+    from test_prometheus_e2e import Prometheus
+
+    objs = rendered_objects({"podResources": {"enabled": attribution}, "cluster": "c1"})
+    (endpoint,) = one(objs, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is False
+    relabel = [_prometheus_relabeling(r) for r in endpoint["relabelings"]]
+
+    exp = serve(tmp_path, kubelet.socket)
+    prom = None
+    try:
+        gpu = uuids(exp)
+        kubelet.kubelet.listed = response(
+            pod("ml", "trainer-0", container("pytorch", ("nvidia.com/gpu", [gpu["0"]]))))
+        wait_for(lambda: owners(exp)["0"] == {("trainer-0", "ml", "pytorch")})
+        # the target labels the Operator gives the target before the monitor's relabelings
+        operator_target = {"namespace": "monitoring", "pod": "stepscope-x7k2p",
+                           "container": "stepscope"}
+        prom = Prometheus(tmp_path, [exp.address], REPO / "deploy" / "prometheus" / "rules",
+                          static_configs=[{"targets": [exp.address], "labels": operator_target}],
+                          relabel_configs=relabel)
+
+        def stored() -> list[dict[str, str]] | None:
+            assert prom is not None
+            result = prom.api("query", query="DCGM_FI_DEV_GPU_UTIL")["result"]
+            return [r["metric"] for r in result] if len(result) == 2 else None
+
+        series = {m["gpu"]: m for m in wait_for(stored, timeout=30, interval=0.5)}
+        if attribution:
+            assert {k: series["0"].get(k) for k in ("pod", "namespace", "container")} == {
+                "pod": "trainer-0", "namespace": "ml", "container": "pytorch"}
+            assert not any(k.startswith("exported_") for m in series.values() for k in m)
+            assert "pod" not in series["1"], "a GPU no pod holds carries no pod label"
+            assert series["0"]["cluster"] == "c1"
+        else:
+            # what an Operator-made target does to the workload's labels
+            assert series["0"]["exported_pod"] == "trainer-0"
+            assert series["0"]["pod"] == series["1"]["pod"] == "stepscope-x7k2p"
+    finally:
+        if prom is not None:
+            prom.stop()
+        assert exp.stop() == 0

@@ -87,6 +87,12 @@ relabelings:
   # the node a target runs on, beside the exporter's own Hostname label
   - sourceLabels: [__meta_kubernetes_pod_node_name]
     targetLabel: node
+  {{- if $root.Values.podResources.enabled }}
+  # GPU series carry the pod/namespace/container of the workload on the GPU: the Operator's
+  # target labels naming the exporter's own pod would turn them into exported_pod etc.
+  - action: labeldrop
+    regex: pod|namespace|container
+  {{- end }}
   {{- with $root.Values.cluster }}
   # the cluster: node names repeat across clusters, the fleet rules group by it
   - targetLabel: cluster
@@ -118,7 +124,7 @@ dropped; "baseline" otherwise. Shown on the DaemonSet and in the install notes.
 */}}
 {{- define "stepscope.podSecurityLevel" -}}
 {{- $v := .Values }}
-{{- $hostPath := or $v.ingest.enabled (eq $v.gpu.deviceListStrategy "volume-mounts") }}
+{{- $hostPath := or $v.ingest.enabled $v.podResources.enabled (eq $v.gpu.deviceListStrategy "volume-mounts") }}
 {{- $sc := default dict $v.securityContext }}
 {{- $caps := default dict $sc.capabilities }}
 {{- $added := default list $caps.add }}
@@ -127,9 +133,23 @@ dropped; "baseline" otherwise. Shown on the DaemonSet and in the install notes.
 {{- $seccomp := default dict $psc.seccompProfile }}
 {{- if or $hostPath $v.hostNetwork $sc.privileged $beyondBaseline -}}
 privileged
-{{- else if and $psc.runAsNonRoot (ne (toString $psc.runAsUser) "0") (has (toString $seccomp.type) (list "RuntimeDefault" "Localhost")) (eq (toString $sc.allowPrivilegeEscalation) "false") (has "ALL" (default list $caps.drop)) (not (without $added "NET_BIND_SERVICE")) -}}
+{{- else if and $psc.runAsNonRoot (ne (include "stepscope.exporterUser" .) "0") (has (toString $seccomp.type) (list "RuntimeDefault" "Localhost")) (eq (toString $sc.allowPrivilegeEscalation) "false") (has "ALL" (default list $caps.drop)) (not (without $added "NET_BIND_SERVICE")) -}}
 restricted
 {{- else -}}
 baseline
 {{- end }}
+{{- end }}
+
+{{/*
+The exporter container's uid: root where it must connect to the kubelet's pod-resources
+socket (root's, mode 0755), with every capability still dropped; else the pod's runAsUser.
+*/}}
+{{- define "stepscope.exporterUser" -}}
+{{- if .Values.podResources.enabled }}0{{ else }}{{ .Values.podSecurityContext.runAsUser }}{{ end }}
+{{- end }}
+
+{{/* The ingest socket's group: the value given, else the pod's runAsGroup. */}}
+{{- define "stepscope.ingestGroup" -}}
+{{- $g := toString .Values.ingest.group }}
+{{- if $g }}{{ $g }}{{ else }}{{ .Values.podSecurityContext.runAsGroup }}{{ end }}
 {{- end }}
