@@ -319,11 +319,51 @@ def test_a_failing_service_manager_does_not_fail_the_node(node: Node, tmp_path: 
 
 
 @pytest.mark.parametrize("args", [[], ["--role"], ["s3://b/p", "--role", "login"],
-                                  ["s3://b/p", "extra"], ["--hpc-job"]])
+                                  ["s3://b/p", "extra"], ["--hpc-job"],
+                                  ["s3://b/p", "--ingest-group", "users\nUser=root"],
+                                  ["s3://b/p", "--ingest-group", "-x"]])
 def test_bad_arguments_are_logged_and_exit_0(node: Node, args: list[str]) -> None:
     run = node.run(*args)
     assert run.returncode == 0
     assert "stepscope is NOT installed on this node" in run.stderr
+
+
+# ---- who may report
+
+
+def test_ingest_group_makes_the_socket_that_groups_and_no_one_elses(
+    node: Node, tmp_path: Path
+) -> None:
+    """The unit runs with the group (a drop-in), so the socket, created 0660 with the
+    service's group, admits its members; a second install without the flag removes it."""
+    release = make_release(tmp_path / "release")
+    node.python("python3", (3, 11))
+    node.command("getent", '[ "$2" = slurm-users ]')
+    run = node.run(str(release), "--ingest-group", "slurm-users")
+    assert run.returncode == 0 and "ERROR" not in run.stderr, run.stderr
+    dropin = node.root / "etc/systemd/system/stepscope.service.d/ingest-group.conf"
+    lines = [ln for ln in dropin.read_text().splitlines() if not ln.startswith("#")]
+    assert lines == ["[Service]", "Group=slurm-users"]
+    assert "training ranks of group slurm-users may report" in node.log
+    # the unit itself is installed unchanged
+    unit = node.root / "etc" / "systemd" / "system" / "stepscope.service"
+    assert unit.read_text() == UNIT.read_text()
+
+    assert node.run(str(release)).returncode == 0
+    assert not dropin.exists(), "the default again: the service's own group"
+
+
+def test_an_unknown_ingest_group_is_logged_and_the_exporter_still_installed(
+    node: Node, tmp_path: Path
+) -> None:
+    release = make_release(tmp_path / "release")
+    node.python("python3", (3, 11))
+    node.command("getent", "exit 2")
+    run = node.run(str(release), "--ingest-group", "nosuchgroup")
+    assert run.returncode == 0
+    assert "ERROR: no group 'nosuchgroup' on this node" in run.stderr
+    assert not (node.root / "etc/systemd/system/stepscope.service.d").exists()
+    assert "systemctl enable --now stepscope.service" in node.calls
 
 
 # ---- head node

@@ -2,6 +2,7 @@
 # AWS ParallelCluster custom bootstrap action (OnNodeConfigured) for stepscope.
 #
 #   install-stepscope.sh SOURCE [--role compute|head] [--python PATH] [--hpc-job]
+#                        [--ingest-group GROUP]
 #
 # SOURCE     where a release was put (deploy/parallelcluster/build-wheelhouse.sh makes it):
 #            s3://BUCKET/PREFIX, or a directory on a shared filesystem (/fsx/stepscope).
@@ -15,6 +16,11 @@
 # --python   an interpreter >= 3.10 to build the venv with, where the image's is older.
 # --hpc-job  label GPU series with the Slurm job that owns the GPU (hpc_job; see
 #            docs/deploy/parallelcluster.md for its cardinality cost).
+# --ingest-group  the group whose members may report training steps: the unit runs with
+#            it (a drop-in Group=GROUP), so the ingest socket (mode 0660) is created with
+#            that group. Default: the service's own group `stepscope`, which nobody
+#            else is in: add users with `usermod -aG stepscope USER`, or name a group the
+#            cluster's users share. The group must exist on the node.
 #
 # No package index is contacted: pip installs from the wheelhouse only (--no-index), so
 # nodes in subnets without internet access install the same as others. The node's
@@ -47,7 +53,7 @@ give_up() {
 }
 
 usage() {
-    give_up "usage: install-stepscope.sh SOURCE [--role compute|head] [--python PATH] [--hpc-job]"
+    give_up "usage: install-stepscope.sh SOURCE [--role compute|head] [--python PATH] [--hpc-job] [--ingest-group GROUP]"
 }
 
 mkdir -p "$ROOT/var/log" 2>/dev/null
@@ -59,15 +65,21 @@ source_dir="${source_dir%/}"
 role=compute
 python=""
 hpc_job=no
+ingest_group=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --role) role="${2:-}"; shift 2 || usage ;;
         --python) python="${2:-}"; shift 2 || usage ;;
         --hpc-job) hpc_job=yes; shift ;;
+        --ingest-group) ingest_group="${2:-}"; shift 2 || usage ;;
         *) log "ERROR: unknown argument '$1'"; usage ;;
     esac
 done
 case "$role" in compute | head) ;; *) give_up "--role must be compute or head, got '$role'" ;; esac
+# a POSIX group name (it is written into a unit file: nothing else may pass)
+case "$ingest_group" in
+    *[!A-Za-z0-9._-]* | -*) give_up "--ingest-group must be a group name, got '$ingest_group'" ;;
+esac
 
 staging="$(mktemp -d 2>/dev/null)" || give_up "cannot create a temporary directory"
 trap 'rm -rf "$staging"' EXIT
@@ -171,6 +183,21 @@ install_exporter() {
             echo "STEPSCOPE_INTERVAL=1"
             if [ "$hpc_job" = yes ]; then echo "STEPSCOPE_HPC_JOB_DIR=$JOBS_DIR"; fi
         } >"$ROOT/etc/default/stepscope" || give_up "cannot write /etc/default/stepscope"
+    fi
+    dropin="$ROOT/etc/systemd/system/stepscope.service.d"
+    rm -f "$dropin/ingest-group.conf"
+    if [ -n "$ingest_group" ]; then
+        if getent group "$ingest_group" >/dev/null 2>&1; then
+            mkdir -p "$dropin" || give_up "cannot create $dropin"
+            printf '%s\n' \
+                "# install-stepscope.sh --ingest-group: members of $ingest_group may report steps" \
+                "[Service]" "Group=$ingest_group" >"$dropin/ingest-group.conf" ||
+                give_up "cannot write $dropin/ingest-group.conf"
+            log "training ranks of group $ingest_group may report (ingest socket group)"
+        else
+            # the exporter still runs: only reports from non-members are refused
+            log "ERROR: no group '$ingest_group' on this node: the ingest socket keeps group stepscope, and ranks of other users cannot report until they join it"
+        fi
     fi
     systemctl daemon-reload >>"$LOG" 2>&1 || give_up "systemctl daemon-reload failed"
     systemctl enable --now stepscope.service >>"$LOG" 2>&1 ||
