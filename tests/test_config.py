@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 from pathlib import Path
 
 import pytest
 
-from stepscope.config import Config, ConfigError, Listen, load
+from conftest import REPO
+from stepscope.config import SETTINGS, Config, ConfigError, Listen, load
 
 
 def test_defaults_match_the_documented_contract() -> None:
@@ -120,3 +123,18 @@ def test_a_key_given_twice_is_an_error_naming_it(tmp_path: Path) -> None:
     f.write_text("interval: 1\nslow_interval: 10\ninterval: 5\n")
     with pytest.raises(ConfigError, match="duplicate key 'interval'"):
         load({"config": str(f)}, env={})
+
+
+def test_every_setting_is_a_flag_and_a_readme_row() -> None:
+    """The README's promise: every setting is a flag, a file key and STEPSCOPE_<NAME>
+    (the two map-valued ones, peak_flops and diagnosis, are file or JSON only)."""
+    from stepscope.cli import _parser
+
+    parser = _parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {a.dest for a in sub.choices["serve"]._actions}
+    maps = {"peak_flops", "diagnosis"}
+    assert [s for s in SETTINGS if s not in flags and s not in maps] == []
+    readme = (REPO / "README.md").read_text()
+    rows = set(re.findall(r"(?m)^\| `[^`]*`(?: / `(\w+)`)?", readme))
+    assert [s for s in SETTINGS if s not in rows and s not in maps] == []

@@ -81,6 +81,13 @@ def _parser() -> argparse.ArgumentParser:
     opt("host-label", "NAME", "the host label's name on every series: Hostname (dcgm-exporter "
         "before its 2026 rename) or hostname (after it)")
     opt("ingest", "URL", "training ingest socket")
+    opt("ingest-mode", "MODE", "the ingest socket's mode, octal: 0660 admits the owner and "
+        "the group, 0666 every local user")
+    opt("ingest-group", "GROUP", "the ingest socket's group (name or gid): whose members may "
+        "report (default the exporter's group)")
+    opt("ingest-allow-uids", "UIDS", "only these users may report (comma-separated names or "
+        "uids; default anyone who can write the socket)")
+    opt("ingest-allow-gids", "GIDS", "... or senders whose effective group is one of these")
     opt("rank-expiry", "SECONDS", "forget a training rank silent this long")
     opt("mfu-window", "SECONDS", "window over which MFU is computed")
     opt("max-jobs", "N", "training jobs tracked per node; more are rejected")
