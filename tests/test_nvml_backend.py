@@ -110,6 +110,13 @@ class FakeGpu:
     gpm: bool = True
     gpm_values: dict[int, float] = field(default_factory=dict)
     gpm_errors: dict[int, int] = field(default_factory=dict)
+    # NVLink data counters (rx, tx) in KiB per link; an H200 has 18 links
+    nvlink_kib: list[tuple[int, int]] = field(
+        default_factory=lambda: [(1000 * i, 2000 * i) for i in range(18)])
+    encoder: int = 0  # H200: no NVENC, NVML answers 0
+    decoder: int = 0
+    # (isGridLicenseSupported, [(featureCode, featureState)]): a bare-metal GPU
+    licensing: tuple[int, list[tuple[int, int]]] = (0, [])
 
 
 class FakeNvml:
@@ -129,6 +136,7 @@ class FakeNvml:
         self.wait_timeouts: list[int] = []
         self.registered: list[int] = []
         self.field_requests: list[list[int]] = []
+        self.field_scopes: list[list[int]] = []
         self.samples_taken: dict[int, int] = {}  # sample address -> sequence number
         self.samples_live: set[int] = set()
         self.metric_pairs: list[tuple[int, int]] = []
@@ -229,9 +237,47 @@ class FakeNvml:
     def _c_power(self, handle: Any, ref: Any) -> int:
         return self._answer(handle, "nvmlDeviceGetPowerUsage", ref, 4, value=612_345)  # mW
 
-    def _c_memory(self, handle: Any, ref: Any) -> int:  # nvmlMemory_t v1
+    def _c_memory(self, handle: Any, ref: Any) -> int:  # nvmlMemory_t v1: used has reserved
         return self._answer(handle, "nvmlDeviceGetMemoryInfo", ref, 24, total=143771 * 2**20,
-                            used=1024 * 2**20, free=142747 * 2**20)
+                            used=(1024 + 551) * 2**20, free=142196 * 2**20)
+
+    def _c_memory_v2(self, handle: Any, ref: Any) -> int:  # nvmlMemory_v2_t
+        if ref._obj.version != pynvml.nvmlMemory_v2:
+            return int(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+        return self._answer(handle, "nvmlDeviceGetMemoryInfo_v2", ref, 40,
+                            version=pynvml.nvmlMemory_v2, total=143771 * 2**20,
+                            reserved=551 * 2**20, used=1024 * 2**20, free=142196 * 2**20)
+
+    def _engine(self, handle: Any, call: str, util: Any, period: Any, value: int) -> int:
+        try:
+            self._gpu(handle, call)
+        except pynvml.NVMLError as exc:
+            return int(exc.value)
+        assert isinstance(util._obj, ctypes.c_uint) and isinstance(period._obj, ctypes.c_uint)
+        util._obj.value, period._obj.value = value, 167_000
+        return int(pynvml.NVML_SUCCESS)
+
+    def _c_encoder(self, handle: Any, util: Any, period: Any) -> int:
+        gpu = self.gpus[(address_of(handle) - 0x1000) // 0x100]
+        return self._engine(handle, "nvmlDeviceGetEncoderUtilization", util, period, gpu.encoder)
+
+    def _c_decoder(self, handle: Any, util: Any, period: Any) -> int:
+        gpu = self.gpus[(address_of(handle) - 0x1000) // 0x100]
+        return self._engine(handle, "nvmlDeviceGetDecoderUtilization", util, period, gpu.decoder)
+
+    def _c_licensing(self, handle: Any, ref: Any) -> int:
+        try:
+            gpu = self._gpu(handle, "nvmlDeviceGetGridLicensableFeatures_v4")
+        except pynvml.NVMLError as exc:
+            return int(exc.value)
+        out = ref._obj
+        assert ctypes.sizeof(out) == ctypes.sizeof(pynvml.c_nvmlGridLicensableFeatures_v4_t)
+        supported, features = gpu.licensing
+        out.isGridLicenseSupported, out.licensableFeaturesCount = supported, len(features)
+        for i, (code, state) in enumerate(features):
+            out.gridLicensableFeatures[i].featureCode = code
+            out.gridLicensableFeatures[i].featureState = state
+        return int(pynvml.NVML_SUCCESS)
 
     def _c_reasons(self, handle: Any, ref: Any) -> int:
         return self._answer(handle, "nvmlDeviceGetCurrentClocksEventReasons", ref, 8,
@@ -249,8 +295,30 @@ class FakeNvml:
             raise nvml_error(ret)
         return out
 
-    def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
-        return self._wrapped(self._c_memory, pynvml.c_nvmlMemory_t(), handle)
+    def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> Any:
+        if not version:
+            return self._wrapped(self._c_memory, pynvml.c_nvmlMemory_t(), handle)
+        out = pynvml.c_nvmlMemory_v2_t()
+        out.version = version
+        return self._wrapped(self._c_memory_v2, out, handle)
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: Any) -> list[int]:
+        util, period = ctypes.c_uint(), ctypes.c_uint()
+        ret = self._c_encoder(handle, ctypes.byref(util), ctypes.byref(period))
+        if ret != pynvml.NVML_SUCCESS:
+            raise nvml_error(ret)
+        return [util.value, period.value]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: Any) -> list[int]:
+        util, period = ctypes.c_uint(), ctypes.c_uint()
+        ret = self._c_decoder(handle, ctypes.byref(util), ctypes.byref(period))
+        if ret != pynvml.NVML_SUCCESS:
+            raise nvml_error(ret)
+        return [util.value, period.value]
+
+    def nvmlDeviceGetGridLicensableFeatures_v4(self, handle: Any) -> Any:
+        return self._wrapped(self._c_licensing, pynvml.c_nvmlGridLicensableFeatures_v4_t(),
+                             handle)
 
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any:
         return self._wrapped(self._c_utilization, pynvml.c_nvmlUtilization_t(), handle)
@@ -290,6 +358,10 @@ class FakeNvml:
                 "nvmlDeviceGetTemperature": self._c_temperature,
                 "nvmlDeviceGetPowerUsage": self._c_power,
                 "nvmlDeviceGetMemoryInfo": self._c_memory,
+                "nvmlDeviceGetMemoryInfo_v2": self._c_memory_v2,
+                "nvmlDeviceGetEncoderUtilization": self._c_encoder,
+                "nvmlDeviceGetDecoderUtilization": self._c_decoder,
+                "nvmlDeviceGetGridLicensableFeatures_v4": self._c_licensing,
                 "nvmlDeviceGetCurrentClocksEventReasons": self._c_reasons,
                 "nvmlDeviceGetTotalEnergyConsumption": self._c_energy,
                 "nvmlGpmSampleGet": self._c_gpm_sample_get,
@@ -305,9 +377,26 @@ class FakeNvml:
         except pynvml.NVMLError as exc:
             return int(exc.value)
         self.field_requests.append([values[i].fieldId for i in range(count.value)])
+        self.field_scopes.append([values[i].scopeId for i in range(count.value)])
+        nvlink = {pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: 0,
+                  pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: 1}
         for i in range(count.value):
             entry = values[i]
-            if entry.fieldId in gpu.field_errors:
+            if entry.fieldId in nvlink and entry.fieldId not in gpu.field_errors:
+                # per link by scopeId, or summed over every link for UINT_MAX, as nvml.h says
+                links = gpu.nvlink_kib
+                if not links:
+                    entry.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                    continue
+                column = [link[nvlink[entry.fieldId]] for link in links]
+                scope = entry.scopeId
+                if scope != 0xFFFFFFFF and scope >= len(links):
+                    entry.nvmlReturn = pynvml.NVML_ERROR_INVALID_ARGUMENT
+                    continue
+                entry.nvmlReturn = pynvml.NVML_SUCCESS
+                entry.valueType = ULL
+                entry.value.ullVal = sum(column) if scope == 0xFFFFFFFF else column[scope]
+            elif entry.fieldId in gpu.field_errors:
                 entry.nvmlReturn = gpu.field_errors[entry.fieldId]
             elif entry.fieldId in gpu.fields:
                 kind, value = gpu.fields[entry.fieldId]
@@ -505,7 +594,8 @@ def test_fast_read_fills_every_fast_key_with_dcgm_units() -> None:
     assert (v["gpu_util"], v["mem_copy_util"]) == (97, 35)
     assert (v["sm_clock"], v["mem_clock"], v["gpu_temp"]) == (1980, 3201, 52)
     assert v["power_usage"] == pytest.approx(612.345)
-    assert (v["fb_used"], v["fb_free"]) == (1024, 142747)
+    assert (v["fb_used"], v["fb_free"], v["fb_reserved"]) == (1024, 142196, 551)
+    assert (v["enc_util"], v["dec_util"]) == (0, 0)
     assert v["clocks_event_reasons"] == 0x4
     assert v["memory_temp"] == 41
     assert v["ecc_sbe_agg_total"] == 2**40 + 7
@@ -529,7 +619,8 @@ def test_reads_call_the_c_functions_resolved_once_not_the_wrappers(nvml_path: st
                  "nvmlDeviceGetTemperature", "nvmlDeviceGetPowerUsage",
                  "nvmlDeviceGetMemoryInfo", "nvmlDeviceGetCurrentClocksEventReasons",
                  "nvmlDeviceGetTotalEnergyConsumption", "nvmlGpmSampleGet",
-                 "nvmlGpmMetricsGet"):
+                 "nvmlGpmMetricsGet", "nvmlDeviceGetEncoderUtilization",
+                 "nvmlDeviceGetDecoderUtilization", "nvmlDeviceGetGridLicensableFeatures_v4"):
         setattr(fake, name, no_wrapper)
     for _ in range(3):
         clock.now += 1
@@ -588,7 +679,8 @@ def test_slow_keys_only_when_the_slow_tier_is_asked_for() -> None:
     assert {k for k, _ in CLOCK_EVENT_DURATION_KEYS} <= v.keys()
     assert v["clock_event_ns.hw_thermal_slowdown"] == 250
     assert fake.calls["nvmlDeviceGetViolationStatus"] == 0
-    assert v.keys() >= SLOW_KEYS - PROFILING_KEYS  # GPM has no window yet here
+    # GPM and the NVLink bandwidth rate have no window yet here
+    assert v.keys() >= SLOW_KEYS - PROFILING_KEYS - {"nvlink_bandwidth_total"}
     slow_only = backend.read(0, frozenset({Tier.SLOW})).values
     assert "gpu_util" not in slow_only and slow_only["total_energy"] == 123_456_789
 
@@ -652,7 +744,8 @@ def test_one_unknown_error_is_a_collect_error_but_all_unknown_is_down() -> None:
     unknown = pynvml.NVML_ERROR_UNKNOWN
     every = {name: unknown for name in (
         "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetClockInfo", "nvmlDeviceGetTemperature",
-        "nvmlDeviceGetPowerUsage", "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetPowerUsage", "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization",
         "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetFieldValues",
         "nvmlGpmSampleGet")}
     gpu = FakeGpu()
@@ -715,7 +808,7 @@ def test_field_values_call_unsupported_falls_back_for_every_violation() -> None:
     v = backend.read(0, BOTH).values
     assert (v["power_violation"], v["thermal_violation"]) == (1, 2)
     assert (v["sync_boost_violation"], v["board_limit_violation"]) == (3, 4)
-    assert fake.calls["nvmlDeviceGetFieldValues"] == 2  # once per batch, then never
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 3  # once per batch (FAST, SLOW, NVLink)
 
 
 # ---------------------------------------------------------------- GPM
@@ -875,7 +968,8 @@ def test_an_unsupported_field_values_call_does_not_count_as_an_answer() -> None:
     unknown = pynvml.NVML_ERROR_UNKNOWN
     gpu.fail.update({name: unknown for name in (
         "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetClockInfo", "nvmlDeviceGetTemperature",
-        "nvmlDeviceGetPowerUsage", "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetPowerUsage", "nvmlDeviceGetMemoryInfo_v2",
+        "nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization",
         "nvmlDeviceGetCurrentClocksEventReasons", "nvmlGpmSampleGet")})
     clock.now += 1
     with pytest.raises(GpuUnavailable, match="Unknown"):

@@ -27,7 +27,8 @@ FAST = frozenset({Tier.FAST})
 SLOW = frozenset({Tier.SLOW})
 BOTH = frozenset({Tier.FAST, Tier.SLOW})
 ALL_KEYS = {f.key for f in FIELDS} | {k for k, _ in CLOCK_EVENT_DURATION_KEYS}
-COUNTER_KEYS = {f.key for f in FIELDS if f.type == COUNTER} | {
+# DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL is typed counter by dcgm-exporter but is a rate
+COUNTER_KEYS = {f.key for f in FIELDS if f.type == COUNTER} - {"nvlink_bandwidth_total"} | {
     k for k, _ in CLOCK_EVENT_DURATION_KEYS}
 
 
@@ -93,7 +94,7 @@ def test_a_mixed_node_reports_each_model_and_its_memory() -> None:
     assert (a100.name, a100.memory_total_mib, a100.profiling_supported) == (
         "NVIDIA A100-SXM4-80GB", 81920, False)
     v = at(backend, clock, 10, 0)
-    assert v["fb_used"] + v["fb_free"] == 143771
+    assert v["fb_used"] + v["fb_free"] + v["fb_reserved"] == 143771
     assert not PROFILING_KEYS & at(backend, clock, 10, 1).keys()
 
 
@@ -198,7 +199,7 @@ def test_a_busy_gpu_runs_at_boost_clock_and_holds_most_of_its_memory() -> None:
     assert 50 < v["gpu_temp"] < 80
     assert v["clocks_event_reasons"] == 0
     assert v["fb_used"] / 81559 > 0.85
-    assert v["fb_used"] + v["fb_free"] == 81559
+    assert v["fb_used"] + v["fb_free"] + v["fb_reserved"] == 81559
 
 
 def test_a_gpu_that_stops_training_drops_to_idle() -> None:

@@ -61,6 +61,22 @@ FIELDS: tuple[FieldSpec, ...] = (
         "percent",
         "nvmlDeviceGetUtilizationRates().memory",
     ),
+    FieldSpec(
+        "enc_util",
+        "DCGM_FI_DEV_ENC_UTIL",
+        GAUGE,
+        "Encoder utilization (in %).",
+        "percent",
+        "nvmlDeviceGetEncoderUtilization()",
+    ),
+    FieldSpec(
+        "dec_util",
+        "DCGM_FI_DEV_DEC_UTIL",
+        GAUGE,
+        "Decoder utilization (in %).",
+        "percent",
+        "nvmlDeviceGetDecoderUtilization()",
+    ),
     # Profiling (GPM), ratios 0-1 like DCGM's DCP fields
     _prof(
         "gr_engine_active",
@@ -172,6 +188,20 @@ FIELDS: tuple[FieldSpec, ...] = (
         "bytes/s",
         "GPM NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC * 2^20",
     ),
+    # A rate despite its counter type: DCGM computes it so and dcgm-exporter's default
+    # counters call it a counter; both are kept so that its dashboards read the same.
+    FieldSpec(
+        "nvlink_bandwidth_total",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        COUNTER,
+        "NVLink data received plus transmitted over all links, per second over the slow "
+        "interval, in DCGM's unit: KiB/s / 1000 (a rate, though typed counter as in "
+        "dcgm-exporter).",
+        "KiB/s / 1000",
+        "fields NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX + _TX (KiB, all links): "
+        "difference over the interval / s / 1000, as DCGM",
+        Tier.SLOW,
+    ),
     # Clocks, thermal, power
     FieldSpec(
         "sm_clock",
@@ -276,9 +306,10 @@ FIELDS: tuple[FieldSpec, ...] = (
         "fb_used",
         "DCGM_FI_DEV_FB_USED",
         GAUGE,
-        "Framebuffer memory used (in MiB).",
+        "Framebuffer memory used (in MiB), without the reserved memory.",
         "MiB",
-        "nvmlDeviceGetMemoryInfo().used / 2^20",
+        "nvmlDeviceGetMemoryInfo_v2().used / 2^20; where the driver has no v2 (before "
+        "510), nvmlDeviceGetMemoryInfo().used, reserved included",
     ),
     FieldSpec(
         "fb_free",
@@ -286,7 +317,15 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Framebuffer memory free (in MiB).",
         "MiB",
-        "nvmlDeviceGetMemoryInfo().free / 2^20",
+        "nvmlDeviceGetMemoryInfo_v2().free / 2^20 (v1 before 510)",
+    ),
+    FieldSpec(
+        "fb_reserved",
+        "DCGM_FI_DEV_FB_RESERVED",
+        GAUGE,
+        "Framebuffer memory reserved by the driver and firmware (in MiB).",
+        "MiB",
+        "nvmlDeviceGetMemoryInfo_v2().reserved / 2^20 (absent before 510)",
     ),
     # Errors
     FieldSpec(
@@ -362,7 +401,22 @@ FIELDS: tuple[FieldSpec, ...] = (
         "field NVML_FI_DEV_PCIE_REPLAY_COUNTER",
         Tier.SLOW,
     ),
+    FieldSpec(
+        "vgpu_license_status",
+        "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+        GAUGE,
+        "vGPU license status: 1 licensed, 0 not licensed or vGPU licensing not supported "
+        "(a bare-metal GPU).",
+        "bool",
+        "nvmlDeviceGetGridLicensableFeatures_v4(): 0 unless isGridLicenseSupported, else "
+        "the vGPU feature's featureState > 0",
+        Tier.SLOW,
+    ),
 )
+
+# dcgm-exporter serves the driver version as a label of this name on every series of
+# its DCGM_FI_* families (a "label" line of its default counters), not as a series.
+DRIVER_VERSION_LABEL = "DCGM_FI_DRIVER_VERSION"
 
 FIELDS_BY_KEY: dict[str, FieldSpec] = {f.key: f for f in FIELDS}
 PROFILING_KEYS: frozenset[str] = frozenset(f.key for f in FIELDS if f.profiling)
@@ -440,6 +494,8 @@ def markdown_table() -> str:
         if f.profiling:
             tier += ", GPM"
         rows.append(f"| `{f.name}` | {f.type} | {f.unit} | {tier} | {f.source} |")
+    rows.append(f"| `{DRIVER_VERSION_LABEL}` | label | | at start | nvmlSystemGetDriverVersion(), "
+                "a label of every DCGM_FI_* series |")
     return "\n".join(rows) + "\n"
 
 

@@ -80,6 +80,10 @@ NVML_FI_DEV_REMAPPED_COR: int = pynvml.NVML_FI_DEV_REMAPPED_COR
 NVML_FI_DEV_REMAPPED_UNC: int = pynvml.NVML_FI_DEV_REMAPPED_UNC
 NVML_FI_DEV_REMAPPED_PENDING: int = pynvml.NVML_FI_DEV_REMAPPED_PENDING
 NVML_FI_DEV_REMAPPED_FAILURE: int = pynvml.NVML_FI_DEV_REMAPPED_FAILURE
+# NVLink data counters in KiB, per link (scopeId) or summed over every link (scopeId
+# SCOPE_ALL_LINKS); what DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL is computed from.
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: int = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: int = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
 # The clock-event durations came with NVML 12.4; the first two are the perf-policy ids
 # under their new names.
 NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: int = getattr(
@@ -113,6 +117,11 @@ NVML_PERF_POLICY_BOARD_LIMIT: int = pynvml.NVML_PERF_POLICY_BOARD_LIMIT
 NVML_DEVICE_MIG_ENABLE: int = pynvml.NVML_DEVICE_MIG_ENABLE
 nvmlEventTypeXidCriticalError: int = pynvml.nvmlEventTypeXidCriticalError
 NVML_GPM_METRICS_GET_VERSION: int = pynvml.NVML_GPM_METRICS_GET_VERSION
+#: nvmlMemory_v2_t's version word (the struct's size and version 2).
+nvmlMemory_v2: int = pynvml.nvmlMemory_v2
+NVML_GRID_LICENSE_FEATURE_CODE_VGPU: int = pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU
+#: The scopeId of a field value that asks for the sum over every NVLink (nvml.h: UINT_MAX).
+SCOPE_ALL_LINKS = 0xFFFFFFFF
 
 
 # ----------------------------------------------------------------- error policy
@@ -239,10 +248,38 @@ Utilization: Any = plain_ctype(pynvml.c_nvmlUtilization_t)
 #: nvmlMemory_t, version 1: what pynvml's ``nvmlDeviceGetMemoryInfo(handle)`` asks for
 #: (``used`` includes the memory the driver reserves; v2 would split that out).
 Memory: Any = plain_ctype(pynvml.c_nvmlMemory_t)
+#: nvmlMemory_v2_t: ``used`` without the memory the driver and firmware reserve, which is
+#: ``reserved`` (what DCGM reads on drivers from 510 on). Make one with :func:`memory_v2`.
+MemoryV2: Any = plain_ctype(pynvml.c_nvmlMemory_v2_t)
+#: nvmlGridLicensableFeatures_t, version 4 (None where this pynvml cannot give it).
+GridLicensableFeatures: Any = _mirror("c_nvmlGridLicensableFeatures_v4_t")
 #: nvmlFieldValue_t (None: field values unavailable with this pynvml).
 FieldValue: Any = _mirror("c_nvmlFieldValue_t")
 #: nvmlGpmMetricsGet_t (None: no GPM with this pynvml).
 GpmMetricsGet: Any = _mirror("c_nvmlGpmMetricsGet_t")
+
+
+def memory_v2() -> Any:
+    """An nvmlMemory_v2_t output with its version set, as nvmlDeviceGetMemoryInfo_v2 needs."""
+    out = MemoryV2()
+    out.version = nvmlMemory_v2
+    return out
+
+
+def vgpu_license_status(features: Any) -> float | None:
+    """DCGM's DCGM_FI_DEV_VGPU_LICENSE_STATUS from an nvmlGridLicensableFeatures_t.
+
+    0 where the GPU does not support vGPU software licensing (a bare-metal GPU: NVML
+    answers, with ``isGridLicenseSupported`` 0); else 1 or 0 as the vGPU feature is
+    licensed or not; None (absent) where no vGPU feature is listed, as DCGM gives no value.
+    """
+    if not features.isGridLicenseSupported:
+        return 0.0
+    listed = features.gridLicensableFeatures
+    for i in range(min(int(features.licensableFeaturesCount), len(listed))):
+        if listed[i].featureCode == NVML_GRID_LICENSE_FEATURE_CODE_VGPU:
+            return 1.0 if listed[i].featureState > 0 else 0.0
+    return None
 
 
 def _struct_code(ctype: Any) -> str | None:
@@ -264,14 +301,16 @@ class FieldValueArray:
     value with the type it had in one unpack and one comparison.
     """
 
-    def __init__(self, field_ids: Sequence[int]) -> None:
+    def __init__(self, field_ids: Sequence[int], scope_id: int = 0) -> None:
+        """``scope_id``: of every field (an NVLink number, or :data:`SCOPE_ALL_LINKS`)."""
         if FieldValue is None:
             raise TypeError("this pynvml has no nvmlFieldValue_t")
         self.field_ids = tuple(field_ids)
+        self.scope_id = scope_id
         self.array = (FieldValue * len(self.field_ids))()
         for i, fid in enumerate(self.field_ids):
             self.array[i].fieldId = fid
-            self.array[i].scopeId = 0
+            self.array[i].scopeId = scope_id
         self.count = ctypes.c_int32(len(self.field_ids))
         self._bytes = memoryview(self.array).cast("B")  # unpacks skip the buffer export
         head = FieldValue.valueType.offset
@@ -463,15 +502,17 @@ def call_as_c(call: Callable[..., Any]) -> Callable[..., int]:
     return wrapped
 
 
-def getter_as_c(wrapper: Callable[..., Any]) -> Callable[..., int]:
-    """A pynvml getter wrapper behind the C convention ``f(*args, byref(out)) -> code``.
+def getter_as_c(wrapper: Callable[..., Any], outputs: int = 1) -> Callable[..., int]:
+    """A pynvml getter wrapper behind the C convention ``f(*args, byref(out)...) -> code``.
 
-    The wrapper's result is copied into the buffer the last argument points at. An
-    exception that is not an NVML error is raised as it is.
+    The last ``outputs`` arguments are outputs: the wrapper's result is copied into the
+    buffer the last argument points at, or with several outputs, its items into theirs
+    (pynvml returns ``[utilization, samplingPeriodUs]`` for the encoder, for instance).
+    An exception that is not an NVML error is raised as it is.
     """
 
     def call(*args: Any) -> int:
-        *params, ref = args
+        params, refs = args[:-outputs], args[-outputs:]
         try:
             result = wrapper(*params)
         except Exception as exc:
@@ -479,12 +520,13 @@ def getter_as_c(wrapper: Callable[..., Any]) -> Callable[..., int]:
             if code < 0:
                 raise
             return code
-        out = ref._obj  # the ctypes object byref() points at
-        if isinstance(out, ctypes.Structure):
-            for name, *_ in out._fields_:
-                setattr(out, name, getattr(result, name))
-        else:
-            out.value = result
+        for ref, value in zip(refs, result if outputs > 1 else (result,), strict=True):
+            out = ref._obj  # the ctypes object byref() points at
+            if isinstance(out, ctypes.Structure):
+                for name, *_ in out._fields_:
+                    setattr(out, name, getattr(value, name))
+            else:
+                out.value = value
         return NVML_SUCCESS
 
     return call

@@ -2,7 +2,8 @@
 
 Per-GPU families come from the table in :mod:`stepscope.gpu.fields`; up/info, the
 clock-event one-hot and durations, and XIDs are built here. Every series carries the
-GPU's label set from the pass's label schema (dcgm-exporter's labels plus enrichment).
+GPU's label set from the pass's label schema (dcgm-exporter's labels plus enrichment);
+the ``DCGM_FI_*`` ones also carry ``DCGM_FI_DRIVER_VERSION``, as dcgm-exporter's do.
 Every value was read by the sampler on its own interval, never at scrape time.
 """
 
@@ -10,7 +11,12 @@ from __future__ import annotations
 
 from stepscope.core.exposition import COUNTER, GAUGE, Family, join_labels, label_string
 from stepscope.core.labels import LabelSchema
-from stepscope.gpu.fields import CLOCK_EVENT_DURATION_KEYS, CLOCK_EVENT_REASONS, FIELDS
+from stepscope.gpu.fields import (
+    CLOCK_EVENT_DURATION_KEYS,
+    CLOCK_EVENT_REASONS,
+    DRIVER_VERSION_LABEL,
+    FIELDS,
+)
 from stepscope.gpu.model import GpuPart
 
 _SAMPLED = " Sampled by the exporter every interval, not at scrape time."
@@ -19,9 +25,13 @@ _REASON = {reason: label_string((("reason", reason),)) for _, reason in CLOCK_EV
 
 def gpu_families(part: GpuPart, labels: LabelSchema) -> list[Family]:
     """All per-GPU families for the GPUs in ``part``."""
-    gpus = [(g, labels.gpu(g.info.uuid)) for g in part.gpus]
-    live = [(g, lbl) for g, lbl in gpus if g.up]
     extend = labels.extend
+    gpus = [(g, labels.gpu(g.info.uuid)) for g in part.gpus]
+    # dcgm-exporter's DCGM_FI_* series carry the driver version as a label (its default
+    # counters list DCGM_FI_DRIVER_VERSION as a "label"): one value per node, so no more
+    # series; it changes only with the driver, which restarts the exporter anyway.
+    dcgm = [extend(lbl, ((DRIVER_VERSION_LABEL, g.info.driver_version),)) for g, lbl in gpus]
+    live = [(g, lbl, d) for (g, lbl), d in zip(gpus, dcgm, strict=True) if g.up]
     fams: list[Family] = []
 
     up = Family(
@@ -57,10 +67,11 @@ def gpu_families(part: GpuPart, labels: LabelSchema) -> list[Family]:
     for spec in FIELDS:
         fam = Family(spec.name, spec.type, spec.help + _SAMPLED)
         key = spec.key
-        for g, lbl in live:
+        ours = not spec.name.startswith("DCGM_")
+        for g, lbl, d in live:
             v = g.values.get(key)
             if v is not None:
-                fam.add(lbl, v)
+                fam.add(lbl if ours else d, v)
         fams.append(fam)
 
     active = Family(
@@ -69,7 +80,7 @@ def gpu_families(part: GpuPart, labels: LabelSchema) -> list[Family]:
         "Whether each clock event (throttle) reason is active now (one-hot per "
         "reason, decoded from DCGM_FI_DEV_CLOCKS_EVENT_REASONS).",
     )
-    for g, lbl in live:
+    for g, lbl, _ in live:
         mask = g.values.get("clocks_event_reasons")
         if mask is None:
             continue
@@ -83,7 +94,7 @@ def gpu_families(part: GpuPart, labels: LabelSchema) -> list[Family]:
         COUNTER,
         "Cumulative time clocks were held down, by reason (NVML clock event reason field ids).",
     )
-    for g, lbl in live:
+    for g, lbl, _ in live:
         for key, reason in CLOCK_EVENT_DURATION_KEYS:
             ns = g.values.get(key)
             if ns is not None:
@@ -100,8 +111,8 @@ def gpu_families(part: GpuPart, labels: LabelSchema) -> list[Family]:
         COUNTER,
         "XID errors reported by the driver since the exporter started, by XID code.",
     )
-    for g, lbl in gpus:
-        last_xid.add(lbl, float(g.last_xid))
+    for (g, lbl), d in zip(gpus, dcgm, strict=True):
+        last_xid.add(d, float(g.last_xid))
         for code, count in sorted(g.xid_counts.items()):
             xids.add(extend(lbl, (("xid", str(code)),)), float(count))
     fams += [last_xid, xids]

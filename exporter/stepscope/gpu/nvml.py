@@ -64,9 +64,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import compress
 from math import isfinite
-from operator import attrgetter, mul
+from operator import attrgetter, mul, truediv
 from types import ModuleType
 from typing import Any
 
@@ -93,13 +94,33 @@ _MAX_EVENTS_PER_DRAIN = 1024
 class GetterSpec:
     """One NVML getter a read calls, as nvml.h declares it:
     ``symbol(device, [argument,] &output) -> nvmlReturn_t``.
+
+    ``fallback``: the getter called instead, from the first read on, where this one
+    turns out unsupported (a driver without the function). ``wrapper``: how to call
+    pynvml where no symbol resolves (a module without C function pointers), when its
+    wrapper is not simply the function named after a symbol.
     """
 
     name: str  # in logs
     symbols: tuple[str, ...]  # the first the library exports is called
-    output: Any  # the ctypes type of the output
-    keys: tuple[tuple[str, str, float], ...]  # one or two (key, member of the output, divisor)
+    output: Callable[[], Any]  # makes the output: its ctypes type, or a function
+    keys: tuple[tuple[str, str, float], ...]  # one or more (key, member of the output, divisor)
     argument: int | None = None
+    fallback: GetterSpec | None = None
+    wrapper: Callable[[Any], Callable[..., Any]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineUtilizationSpec:
+    """An engine's utilisation getter: ``symbol(device, &utilization, &samplingPeriodUs)``.
+
+    The percentage is served under ``key``; NVML's sampling period (which varies by
+    product, as dcgm-exporter's default counters note) is not.
+    """
+
+    name: str  # in logs
+    symbol: str
+    key: str
 
 
 #: The getters of every FAST read, in the order they are called.
@@ -114,8 +135,17 @@ FAST_GETTERS: tuple[GetterSpec, ...] = (
                (("gpu_temp", "value", 1.0),), libnvml.NVML_TEMPERATURE_GPU),
     GetterSpec("power_usage", ("nvmlDeviceGetPowerUsage",), ctypes.c_uint,
                (("power_usage", "value", 1000.0),)),  # mW -> W
-    GetterSpec("memory_info", ("nvmlDeviceGetMemoryInfo",), libnvml.Memory,
-               (("fb_used", "used", _MIB), ("fb_free", "free", _MIB))),  # bytes -> MiB
+    # bytes -> MiB. Version 2 as DCGM (drivers from 510 on): ``used`` without what the
+    # driver and firmware reserve, which is ``reserved``. Version 1 where the driver has no
+    # v2: its ``used`` includes the reserved memory, and there is no ``fb_reserved``.
+    GetterSpec("memory_info", ("nvmlDeviceGetMemoryInfo_v2",), libnvml.memory_v2,
+               (("fb_used", "used", _MIB), ("fb_free", "free", _MIB),
+                ("fb_reserved", "reserved", _MIB)),
+               fallback=GetterSpec("memory_info_v1", ("nvmlDeviceGetMemoryInfo",),
+                                   libnvml.Memory,
+                                   (("fb_used", "used", _MIB), ("fb_free", "free", _MIB))),
+               wrapper=lambda nvml: partial(nvml.nvmlDeviceGetMemoryInfo,
+                                            version=libnvml.nvmlMemory_v2)),
     # Renamed from "throttle reasons" in NVML 12.2 / nvidia-ml-py 12.535; older drivers
     # export the same function under its old name only.
     GetterSpec("clocks_event_reasons", ("nvmlDeviceGetCurrentClocksEventReasons",
@@ -123,11 +153,21 @@ FAST_GETTERS: tuple[GetterSpec, ...] = (
                ctypes.c_ulonglong, (("clocks_event_reasons", "value", 1.0),)),
 )
 
+#: The engine utilisation getters of every FAST read (their own calling convention).
+FAST_ENGINE_GETTERS: tuple[EngineUtilizationSpec, ...] = (
+    EngineUtilizationSpec("encoder_utilization", "nvmlDeviceGetEncoderUtilization", "enc_util"),
+    EngineUtilizationSpec("decoder_utilization", "nvmlDeviceGetDecoderUtilization", "dec_util"),
+)
+
 #: The getters of every SLOW read.
 SLOW_GETTERS: tuple[GetterSpec, ...] = (
     GetterSpec("total_energy", ("nvmlDeviceGetTotalEnergyConsumption",), ctypes.c_ulonglong,
                (("total_energy", "value", 1.0),)),
 )
+
+#: The vGPU license status of every SLOW read: ``symbol(device, &features)``, decoded by
+#: :func:`stepscope.gpu.libnvml.vgpu_license_status` (DCGM calls the same function).
+LICENSE_SYMBOL = "nvmlDeviceGetGridLicensableFeatures_v4"
 
 #: FAST-tier field ids read in one ``nvmlDeviceGetFieldValues`` call -> key.
 FAST_FIELD_IDS: tuple[tuple[int, str], ...] = (
@@ -157,6 +197,15 @@ SLOW_FIELD_IDS: tuple[tuple[int, str], ...] = (
     *((_CLOCK_EVENT_FIELD_IDS[reason], key) for key, reason in CLOCK_EVENT_DURATION_KEYS),
     (libnvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT, "board_limit_violation"),
     (libnvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER, "pcie_replay"),
+)
+
+#: SLOW-tier NVLink data counters (KiB since the driver loaded), asked summed over every
+#: link (scopeId :data:`stepscope.gpu.libnvml.SCOPE_ALL_LINKS`) in one call: the
+#: ``nvlink_bandwidth_total`` rate is computed from their sum, as DCGM computes
+#: DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL. These keys are not served themselves.
+NVLINK_FIELD_IDS: tuple[tuple[int, str], ...] = (
+    (libnvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, "nvlink_data_rx_kib"),
+    (libnvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, "nvlink_data_tx_kib"),
 )
 
 # Violation counter -> (keys of SLOW_FIELD_IDS summed, NVML_PERF_POLICY_* of the
@@ -200,18 +249,57 @@ def _bind(fn: Callable[..., int], spec: GetterSpec, handle: Any,
             out[key] = member_of(output) / divisor
 
         return get_one
-    ((key1, member1, divisor1), (key2, member2, divisor2)) = spec.keys
-    members_of = attrgetter(member1, member2)
+    if len(spec.keys) == 2:
+        ((key1, member1, divisor1), (key2, member2, divisor2)) = spec.keys
+        members_of = attrgetter(member1, member2)
 
-    def get_two(out: dict[str, float]) -> None:
+        def get_two(out: dict[str, float]) -> None:
+            ret = fn(*args)
+            if ret:
+                raise error(ret)
+            value1, value2 = members_of(output)
+            out[key1] = value1 / divisor1
+            out[key2] = value2 / divisor2
+
+        return get_two
+    keys = tuple(key for key, _, _ in spec.keys)
+    divisors = tuple(divisor for _, _, divisor in spec.keys)
+    all_of = attrgetter(*(member for _, member, _ in spec.keys))
+
+    def get_many(out: dict[str, float]) -> None:
         ret = fn(*args)
         if ret:
             raise error(ret)
-        value1, value2 = members_of(output)
-        out[key1] = value1 / divisor1
-        out[key2] = value2 / divisor2
+        out.update(zip(keys, map(truediv, all_of(output), divisors)))  # noqa: B905
 
-    return get_two
+    return get_many
+
+
+def _bind_engine(fn: Callable[..., int], spec: EngineUtilizationSpec, handle: Any,
+                 error: Callable[[int], BaseException]) -> Getter:
+    """``spec``'s C function bound to one device and its two outputs, built once."""
+    utilization, period = ctypes.c_uint(), ctypes.c_uint()
+    args = (handle, ctypes.byref(utilization), ctypes.byref(period))
+    key = spec.key
+
+    def get(out: dict[str, float]) -> None:
+        ret = fn(*args)
+        if ret:
+            raise error(ret)
+        out[key] = float(utilization.value)
+
+    return get
+
+
+def _bind_license(read: Callable[[], Any]) -> Getter:
+    """The vGPU license status from ``read`` (the features struct NVML filled, or raises)."""
+
+    def get(out: dict[str, float]) -> None:
+        status = libnvml.vgpu_license_status(read())
+        if status is not None:
+            out["vgpu_license_status"] = status
+
+    return get
 
 
 class _FieldBatch:
@@ -226,16 +314,18 @@ class _FieldBatch:
         fn: Callable[..., int],
         error: Callable[[int], BaseException],
         fields: Sequence[tuple[int, str]],
+        scope_id: int = 0,
     ) -> None:
         self._fn = fn
         self._error = error
+        self._scope_id = scope_id
         self._build(fields)
 
     def _build(self, fields: Sequence[tuple[int, str]]) -> None:
         self.fields = tuple(fields)
         self.keys = frozenset(key for _, key in self.fields)
         self._value_keys = tuple(key for _, key in self.fields)
-        self._request = libnvml.FieldValueArray([fid for fid, _ in self.fields])
+        self._request = libnvml.FieldValueArray([fid for fid, _ in self.fields], self._scope_id)
         # The answers of the previous read and their values by key: ECC and row-remap
         # counters and the memory temperature rarely change from one pass to the next.
         self._last_answers: tuple[int | float, ...] | None = None
@@ -456,6 +546,9 @@ class _Device:
     slow: list[tuple[str, Getter]] = field(default_factory=list)
     fast_fields: _FieldBatch | None = None
     slow_fields: _FieldBatch | None = None
+    nvlink_fields: _FieldBatch | None = None
+    nvlink_last: tuple[float, float] | None = None  # (clock, KiB rx + tx) of the last read
+    fallbacks: dict[str, tuple[str, Getter]] = field(default_factory=dict)  # by getter name
     gpm: _Gpm | None = None
     no_fallback: set[str] = field(default_factory=set)  # violations without a fallback
     warned: set[str] = field(default_factory=set)
@@ -587,26 +680,70 @@ class NvmlBackend:
                         device.index, exc)
             return None
 
-    def _c_function(self, symbols: tuple[str, ...]) -> Callable[..., int]:
+    def _c_function(self, symbols: tuple[str, ...], outputs: int = 1,
+                    wrapper: Callable[[Any], Callable[..., Any]] | None = None,
+                    ) -> Callable[..., int]:
         """The C function of the first of ``symbols`` NVML exports; else pynvml's wrapper
-        of the first it has, behind the same convention (it answers "function not
-        found" where the library lacks the symbol)."""
+        (``wrapper(module)``, or the module's function of the first symbol it has) behind
+        the same convention, ``outputs`` of its arguments being outputs. The wrapper
+        answers "function not found" where the library lacks the symbol, and so does a
+        function pynvml does not have."""
         nvml = self._nvml
         fn = libnvml.resolve(nvml, *symbols)
         if fn is not None:
             return fn
-        wrapper = next((s for s in symbols[:-1] if hasattr(nvml, s)), symbols[-1])
-        return libnvml.getter_as_c(getattr(nvml, wrapper))
+        if wrapper is not None:
+            return libnvml.getter_as_c(wrapper(nvml), outputs)
+        name = next((s for s in symbols if hasattr(nvml, s)), None)
+        if name is None:
+            return lambda *args: libnvml.NVML_ERROR_FUNCTION_NOT_FOUND
+        return libnvml.getter_as_c(getattr(nvml, name), outputs)
+
+    def _getter(self, spec: GetterSpec, device: _Device) -> tuple[str, Getter]:
+        """``spec`` bound to the device; its fallback bound too, kept for when needed."""
+        if spec.fallback is not None:
+            device.fallbacks[spec.name] = self._getter(spec.fallback, device)
+        fn = self._c_function(spec.symbols, wrapper=spec.wrapper)
+        return spec.name, _bind(fn, spec, device.handle, self._nvml.NVMLError)
+
+    def _license_getter(self, device: _Device) -> Getter:
+        """The vGPU license getter: the C function into a reused struct, else pynvml's."""
+        nvml, handle, error = self._nvml, device.handle, self._nvml.NVMLError
+        fn = libnvml.resolve(nvml, LICENSE_SYMBOL)
+        if fn is not None and libnvml.GridLicensableFeatures is not None:
+            features = libnvml.GridLicensableFeatures()
+            ref = ctypes.byref(features)
+
+            def read() -> Any:
+                ret = fn(handle, ref)
+                if ret:
+                    raise error(ret)
+                return features
+
+            return _bind_license(read)
+        wrapper = getattr(nvml, LICENSE_SYMBOL, None)
+        if wrapper is None:  # a pynvml without it: the function is as good as absent
+
+            def absent() -> Any:
+                raise error(libnvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+            return _bind_license(absent)
+        return _bind_license(partial(wrapper, handle))
 
     def _build_getters(self, device: _Device) -> None:
         """Bind each getter and field batch to the device once (see :func:`_bind`)."""
         error = self._nvml.NVMLError
-        for specs, getters in ((FAST_GETTERS, device.fast), (SLOW_GETTERS, device.slow)):
-            getters[:] = [(spec.name, _bind(self._c_function(spec.symbols), spec,
-                                            device.handle, error)) for spec in specs]
+        device.fast[:] = [self._getter(spec, device) for spec in FAST_GETTERS]
+        device.fast += [(spec.name, _bind_engine(self._c_function((spec.symbol,), outputs=2),
+                                                 spec, device.handle, error))
+                        for spec in FAST_ENGINE_GETTERS]
+        device.slow[:] = [self._getter(spec, device) for spec in SLOW_GETTERS]
+        device.slow.append(("vgpu_license", self._license_getter(device)))
         if self._field_fn is not None:
             device.fast_fields = _FieldBatch(self._field_fn, error, FAST_FIELD_IDS)
             device.slow_fields = _FieldBatch(self._field_fn, error, SLOW_FIELD_IDS)
+            device.nvlink_fields = _FieldBatch(self._field_fn, error, NVLINK_FIELD_IDS,
+                                               libnvml.SCOPE_ALL_LINKS)
 
     def _open_events(self) -> None:
         """One event set for XIDs on every GPU that supports them."""
@@ -664,6 +801,7 @@ class NvmlBackend:
         if flags[1]:
             state.run(device.slow, out)
             self._read_slow_fields(state, out)
+            self._read_nvlink(state, out)
         if not state.ok and state.unknown:
             raise GpuUnavailable("every NVML call failed with Unknown Error")
         return GpuReading(out, state.errors)
@@ -688,6 +826,25 @@ class NvmlBackend:
             except Exception as exc:  # classified by _Pass
                 if state.failed(f"violation_status:{key}", exc):
                     device.no_fallback.add(key)
+
+    def _read_nvlink(self, state: _Pass, out: dict[str, float]) -> None:
+        """``nvlink_bandwidth_total`` as DCGM computes DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL:
+        the rx + tx data counters' growth since the previous read, in KiB, per second,
+        divided by 1000. Absent on the first read (no window yet) and where a counter
+        went back (a driver reload) or did not answer."""
+        device = state.device
+        batch = device.nvlink_fields
+        if batch is None or not batch.fields:
+            return
+        counters: dict[str, float] = {}
+        batch.read(state, counters)
+        if len(counters) != len(NVLINK_FIELD_IDS):
+            device.nvlink_last = None
+            return
+        now, total = self._clock(), sum(counters.values())
+        last, device.nvlink_last = device.nvlink_last, (now, total)
+        if last is not None and now > last[0] and total >= last[1]:
+            out["nvlink_bandwidth_total"] = (total - last[1]) / (now - last[0]) / 1000.0
 
     def events(self) -> Sequence[XidEvent]:
         """Drain pending XID events without blocking (timeout 0)."""
@@ -759,6 +916,11 @@ class _Pass:
         self.ok += len(getters) - failed
         if dropped:
             getters[:] = [g for g in getters if g[0] not in dropped]
+            fallbacks = self.device.fallbacks
+            instead = [fallbacks.pop(name) for name in dropped if name in fallbacks]
+            if instead:  # they answer this read already, and replace the dropped ones
+                self.run(instead, out)
+                getters += instead
 
     def failed(self, name: str, exc: Exception) -> bool:
         """Classify a call's exception. True: unsupported, do not call it again.

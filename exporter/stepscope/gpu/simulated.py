@@ -104,6 +104,9 @@ PCIE_RX_BUSY = 0.8e9  # bytes/s host-to-device while training (input batches)
 PCIE_TX_BUSY = 0.1e9
 PCIE_BASE = 2.0e6
 NVLINK_BUSY = 45e9  # gradient all-reduce traffic per direction, multi-GPU nodes only
+# What the driver and firmware keep of the framebuffer (NVML's ``reserved``): a few hundred
+# MiB on these boards, taken here as a share of the total (an estimate, not a measurement).
+RESERVED_SHARE = 0.0066
 CLOCK_STEP_MHZ = 15  # NVML clocks move in 15 MHz bins on these boards
 
 _BIT_IDLE = int(ClockEvent.GPU_IDLE)
@@ -333,6 +336,7 @@ class _SimGpu:
 
         self.sbe, self.dbe, self.replay = ramps("ecc_sbe"), ramps("ecc_dbe"), ramps("pcie_replay")
         self.total_mib = m.memory_total_mib
+        self.reserved_mib = float(round(RESERVED_SHARE * m.memory_total_mib))
         self.limit_w = m.power_limit_w
         self.idle_w = m.idle_power_w
         self.mem_clock = float(m.mem_clock_mhz)
@@ -402,7 +406,8 @@ class _SimGpu:
                                    + 0.5 * j5))
             # A loaded GPU's clock dips a bin now and then; an idle one sits still.
             clock = seg.clock - (CLOCK_STEP_MHZ if seg.kind != _KIND_IDLE and j3 < -0.4 else 0)
-            used = float(seg.mem_used + (round(16 * j1) if seg.mem_used > 1024 else 0))
+            used = min(float(seg.mem_used + (round(16 * j1) if seg.mem_used > 1024 else 0)),
+                       self.total_mib - self.reserved_mib)
             dbe = _count(self.dbe, t) if self.dbe else 0
             sbe = _count(self.sbe, t) if self.sbe else 0
             # volatile counts start again at a reset; aggregate ones and retired rows stay
@@ -418,8 +423,14 @@ class _SimGpu:
                 "power_usage": round(min(self.limit_w, watts * (1.0 + 0.005 * j4)), 3),
                 "clocks_event_reasons": float(
                     seg.reasons | (_BIT_POWER_CAP if seg.pc and running else 0)),
+                # used + free + reserved = total, as NVML's nvmlMemory_v2_t has them
                 "fb_used": used,
-                "fb_free": self.total_mib - used,
+                "fb_free": self.total_mib - self.reserved_mib - used,
+                "fb_reserved": self.reserved_mib,
+                # Training uses neither the video encoders nor the decoders (H100 and H200
+                # have no NVENC; NVML answers 0 for them, as DCGM serves).
+                "enc_util": 0.0,
+                "dec_util": 0.0,
                 "ecc_sbe_vol_total": float(sbe_vol),
                 "ecc_dbe_vol_total": float(dbe_vol),
                 "ecc_sbe_agg_total": float(sbe),
@@ -460,6 +471,11 @@ class _SimGpu:
                 "sync_boost_violation": 0.0,
                 "board_limit_violation": 0.0,
                 "pcie_replay": float(_count(self.replay, t) if self.replay else 0),
+                # DCGM's NVLink bandwidth: rx + tx data in KiB/s, / 1000 (fields.py)
+                "nvlink_bandwidth_total": 2.0 * kernel * self.nvlink * (1.0 + 0.05 * j2)
+                / 1024.0 / 1000.0,
+                # a bare-metal GPU: vGPU licensing not supported, which DCGM reads as 0
+                "vgpu_license_status": 0.0,
                 "clock_event_ns.sw_power_cap": float(pc_ns),
                 "clock_event_ns.sync_boost": 0.0,
                 "clock_event_ns.sw_thermal_slowdown": float(sw_ns),
