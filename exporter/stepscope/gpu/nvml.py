@@ -11,8 +11,13 @@ FAST tier (every sampling pass; on an H200 each call costs 1-5 µs CPU):
 - :data:`FAST_GETTERS`: ``nvmlDeviceGetUtilizationRates`` (``gpu_util``,
   ``mem_copy_util``), ``nvmlDeviceGetClockInfo(SM / MEM)`` (``sm_clock``,
   ``mem_clock``), ``nvmlDeviceGetTemperature(GPU)`` (``gpu_temp``),
-  ``nvmlDeviceGetPowerUsage`` (mW, served in W), ``nvmlDeviceGetMemoryInfo`` (bytes,
-  served in MiB: ``fb_used``, ``fb_free``), ``nvmlDeviceGetCurrentClocksEventReasons``
+  ``nvmlDeviceGetPowerUsage`` (mW, served in W), ``nvmlDeviceGetMemoryInfo_v2`` (bytes,
+  served in MiB: ``fb_used`` without the reserved memory, ``fb_free``, ``fb_reserved``,
+  as DCGM; version 1 on drivers without it), ``nvmlDeviceGetCurrentClocksEventReasons``
+- :data:`FAST_ENGINE_GETTERS`: ``nvmlDeviceGetEncoderUtilization`` and
+  ``nvmlDeviceGetDecoderUtilization`` (``enc_util``, ``dec_util``, %). Not yet timed on
+  an H200 (``benchmarks/gpu_counters_validation.py`` does); NVML keeps these samples as
+  it keeps the utilisation rates', so they are expected to cost microseconds as those do
 - one ``nvmlDeviceGetFieldValues`` call for ``memory_temp``, the ECC totals and the
   row-remapping fields (see :data:`FAST_FIELD_IDS`; ~2.5 µs for all nine)
 - GPM (Hopper and newer): ``nvmlGpmSampleGet`` (~30 µs) and one ``nvmlGpmMetricsGet``
@@ -33,6 +38,13 @@ SLOW tier (on the slower cadence; these calls cost milliseconds on an H200):
   ``board_limit_violation``, ``pcie_replay`` and the ``clock_event_ns.*`` keys
 - ``nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_*)`` (~0.6 ms each) for a violation
   counter only where its field ids are not supported by this driver or GPU
+- one ``nvmlDeviceGetFieldValues`` call for the NVLink data counters summed over every
+  link (:data:`NVLINK_FIELD_IDS`), from which ``nvlink_bandwidth_total`` is computed as
+  DCGM computes it (a rate over the slow interval); and
+  ``nvmlDeviceGetGridLicensableFeatures_v4`` for ``vgpu_license_status``. Both are new,
+  untimed on an H200, and slow-tier because neither needs a fresher reading: a rate over
+  the slow interval is what dcgm-exporter's 30 s default gives, and a license changes
+  rarely
 
 What does not work on a device is learnt on the first read and not asked again:
 a getter that answers "not supported" is dropped, an unsupported field id is taken
