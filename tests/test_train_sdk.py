@@ -20,6 +20,7 @@ import pytest
 
 from stepscope import datagram as schema
 from stepscope.train import StepReporter, transformer_flops_per_token
+from stepscope.train._timeline import PREWARM_EVENTS
 
 REQUIRED = ("v", "type", "job", "rank", "local_rank", "step", "t", "dur")
 LAUNCHER_VARS = (
@@ -431,7 +432,8 @@ class FakeGpu:
     """
 
     def __init__(self, times: list[float]) -> None:
-        self.times = list(times)
+        # the reporter records its pool's events once when CUDA timing starts
+        self.times = [-1.0] * PREWARM_EVENTS + list(times)
         self.done_until = -1.0
         self.synchronized = 0
         gpu = self

@@ -14,6 +14,10 @@ receive queue (EAGAIN) leaves the rest of the batch for the next tick; the queue
 itself is bounded, and what does not fit is dropped and counted. When the exporter
 is absent the socket is retried at most once per ``retry_interval`` seconds, so a
 late-starting exporter is picked up.
+
+The thread also runs the reporter's ``poll`` each tick (before sending): reading CUDA
+events that have completed into step records, and the rank's NCCL debug file, so
+neither costs the training thread anything.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from stepscope.train._env import IngestAddress
@@ -57,7 +61,9 @@ class DatagramSender:
     """Queues items for one ingest address; a thread encodes and sends them.
 
     ``encode(item, dropped)`` makes the datagram's bytes on the sending thread,
-    ``dropped`` being the count as of the moment it is sent.
+    ``dropped`` being the count as of the moment it is sent. ``poll(final)``, when set,
+    runs on the sending thread before each send (and once with ``final=True`` at
+    ``close``) and returns items to queue, None for each one lost (counted).
     """
 
     def __init__(
@@ -82,6 +88,7 @@ class DatagramSender:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self.poll: Callable[[bool], Iterable[Any]] | None = None
         _live.add(self)
 
     @property
@@ -104,9 +111,16 @@ class DatagramSender:
         if self._thread is None:
             self._start()
 
+    def start(self) -> None:
+        """Start the sending thread if it is not running (steps queued elsewhere, for
+        ``poll`` to hand over, need it as much as submitted ones)."""
+        if self._thread is None and not self._stop.is_set():
+            self._start()
+
     def flush(self) -> None:
-        """Send what is queued now, from the calling thread (non-blocking)."""
+        """Poll and send what is queued now, from the calling thread (non-blocking)."""
         with self._lock:
+            self._poll_locked(False)
             self._flush_locked()
 
     def close(self, timeout: float = 1.0) -> None:
@@ -118,6 +132,10 @@ class DatagramSender:
             thread.join(timeout)
         deadline = time.monotonic() + timeout
         with self._lock:
+            try:
+                self._poll_locked(True)
+            except Exception as err:
+                self._log_once("thread", "stepscope: sender: %r", err)
             while self._queue and time.monotonic() < deadline:
                 if not self._flush_locked():
                     time.sleep(0.005)  # receiver busy: close() may wait, steps never do
@@ -138,6 +156,7 @@ class DatagramSender:
         while not wait(delay):
             try:
                 with self._lock:
+                    self._poll_locked(False)
                     done = self._flush_locked()
             except Exception as err:  # never let the thread die silently mid-run
                 self._log_once("thread", "stepscope: sender: %r", err)
@@ -145,6 +164,17 @@ class DatagramSender:
             # A receiver whose queue is full (Linux's net.unix.max_dgram_qlen can be
             # as low as 10) is retried soon: only this thread waits.
             delay = self.flush_interval if done else _BUSY_RETRY
+
+    def _poll_locked(self, final: bool) -> None:
+        poll = self.poll
+        if poll is None:
+            return
+        queue = self._queue
+        for item in poll(final):
+            if item is None or len(queue) >= _MAX_QUEUED:
+                self.dropped_sending += 1
+            else:
+                queue.append(item)
 
     def _flush_locked(self) -> bool:
         """Send the queue in order; False if a full receiver left some queued."""
