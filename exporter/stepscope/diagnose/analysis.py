@@ -42,7 +42,8 @@ class DiagnosisAnalysis(Analysis[Diagnosis]):
         th = self.thresholds
         held = self._faults.update(snapshot, th.fault_hold)
         finished = self._finished.update(snapshot, th.window)
-        return diagnose(self._window.push(snapshot, th.window), th, held, finished)
+        self._window.push(snapshot, th.window)
+        return diagnose(self._window, th, held, finished)
 
     def families(self, result: Diagnosis, snapshot: Snapshot) -> Iterable[Family]:
         return diagnosis_families(result, snapshot.labels)

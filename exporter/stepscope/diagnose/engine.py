@@ -1,31 +1,34 @@
 """The verdict rules: pure functions over a window of Snapshots.
 
-For each training rank of the newest snapshot, the window's first and last view of
-the rank give the measured steps and the seconds of each phase (data_wait, compute,
-comm, other) in between; the rank's GPU (joined by UUID) and the host give the
-evidence that tells the causes apart. A GPU that no rank reported gets a verdict from
-its own signals. docs/diagnosis.md states every rule; the thresholds are
-:class:`~stepscope.diagnose.thresholds.Thresholds`.
+The window (:class:`~stepscope.diagnose.window.SnapshotWindow`) comes indexed by rank,
+GPU and pid, kept up to date as snapshots arrive and expire, so a pass reads each
+subject's views without scanning every snapshot. For each training rank of the newest
+snapshot, the window's first and last view of the rank give the measured steps and
+the seconds of each phase (data_wait, compute, comm, other) in between; the rank's GPU
+(joined by UUID) and the host give the evidence that tells the causes apart. A GPU
+that no rank reported gets a verdict from its own signals. docs/diagnosis.md states
+every rule; the thresholds are :class:`~stepscope.diagnose.thresholds.Thresholds`.
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Protocol
 
 from stepscope.core.snapshot import Snapshot
-from stepscope.datagram import PHASES, Phases
+from stepscope.datagram import PHASES
 from stepscope.diagnose.advice import advice_for
 from stepscope.diagnose.faults import Fault, HeldXid, gpu_faults, noted_xids
 from stepscope.diagnose.finished import FinishedRank
 from stepscope.diagnose.model import Diagnosis, Subject, Verdict
 from stepscope.diagnose.thresholds import Thresholds
+from stepscope.diagnose.window import RankWindow, SnapshotWindow
 from stepscope.gpu.fields import POWER_EVENTS, THERMAL_EVENTS
 from stepscope.gpu.model import GPU_PART, GpuInfo, GpuState
-from stepscope.host.model import HOST_PART, HostReading, ProcessReading
-from stepscope.ingest.aggregate import INGEST_PART, RankView, TrainingView
+from stepscope.host.model import HostReading, ProcessReading
+from stepscope.ingest.aggregate import INGEST_PART, TrainingView
 from stepscope.ingest.mfu import rank_mfu
 from stepscope.net.rdma import RDMA_PART, RdmaPort
 
@@ -83,14 +86,23 @@ class GpuWindow:
     dram: float | None
     thermal_share: float
     power_share: float
-    series: dict[str, tuple[float | None, ...]]
+    series: dict[str, Sequence[float | None]]
     faults: tuple[Fault, ...] = ()
     notes: tuple[str, ...] = ()  # non-critical XIDs in the window
 
+    # made once per GPU window, however many ranks share the GPU
+    @cached_property
+    def signals(self) -> Mapping[str, float | None]:
+        """The GPU's signals in a verdict (only ``gpu_up`` when it is down)."""
+        return _signals_of(self)
 
-def _event_share(
-    states: Sequence[GpuState], bits: int, counter: str, span: float
-) -> float:
+    @cached_property
+    def evidence(self) -> tuple[str, ...]:
+        """The GPU's evidence lines in a verdict."""
+        return tuple(_evidence_of(self))
+
+
+def _event_share(states: Sequence[GpuState], bits: int, counter: str, span: float) -> float:
     """Share of the window under these clock events: the bitmask, or the counter's rise."""
     masks = [s.values.get("clocks_event_reasons") for s in states]
     known = [m for m in masks if m is not None]
@@ -104,7 +116,7 @@ def _event_share(
 
 def gpu_window(
     uuid: str,
-    window: Sequence[Snapshot],
+    window: SnapshotWindow,
     th: Thresholds | None = None,
     held: HeldXid | None = None,
 ) -> GpuWindow | None:
@@ -112,12 +124,13 @@ def gpu_window(
 
     With ``th``, its hardware faults are judged too (``held``: a critical XID the
     diagnosis holds against it beyond the window)."""
-    if _gpu(window[-1], uuid) is None:
+    snapshots = window.snapshots
+    if _gpu(snapshots[-1], uuid) is None:
         return None
-    timed = [(s.monotonic, g) for s in window if (g := _gpu(s, uuid)) is not None]
+    timed = window.gpu_states(uuid)
     latest = timed[-1][1]
     live = [g for _, g in timed if g.up] if latest.up else []
-    span = window[-1].monotonic - window[0].monotonic
+    span = snapshots[-1].monotonic - snapshots[0].monotonic
 
     def series(key: str) -> tuple[float | None, ...]:
         return tuple(g.values.get(key) for g in live)
@@ -126,7 +139,8 @@ def gpu_window(
     util = series("gpu_util")
     faults: tuple[Fault, ...] = ()
     if th is not None:
-        faults = gpu_faults(timed, held, window[-1].monotonic, window[-1].slow_interval, th)
+        now = snapshots[-1]
+        faults = gpu_faults(timed, held, now.monotonic, now.slow_interval, th)
     return GpuWindow(
         info=latest.info,
         up=latest.up,
@@ -160,16 +174,19 @@ def _compute_modifiers(gpu: GpuWindow | None, th: Thresholds) -> tuple[list[str]
         # the DRAM interface, not the math, sets the pace: an FP32 pipe busy beside it is
         # element-wise math in fp32 registers (bf16 upcast), which tensor cores won't take
         mods.append("memory_bound")
-        ev.append(f"DRAM active {_pct(dram)} while tensor pipes {_pct(tensor)}: the kernels "
-                  "wait on memory bandwidth (element-wise, normalisation, optimizer)")
-    elif fp32 is not None and tensor is not None and fp32 >= th.fp32_active > 0 and (
-        tensor < th.tensor_idle
+        ev.append(
+            f"DRAM active {_pct(dram)} while tensor pipes {_pct(tensor)}: the kernels "
+            "wait on memory bandwidth (element-wise, normalisation, optimizer)"
+        )
+    elif (
+        fp32 is not None
+        and tensor is not None
+        and fp32 >= th.fp32_active > 0
+        and (tensor < th.tensor_idle)
     ):
         mods.append("fp32_no_tensor")
         ev.append(f"FP32 pipe {_pct(fp32)} active while tensor pipes {_pct(tensor)}")
-    if occ is not None and sm is not None and sm >= th.sm_active_busy and (
-        occ < th.low_occupancy
-    ):
+    if occ is not None and sm is not None and sm >= th.sm_active_busy and (occ < th.low_occupancy):
         mods.append("low_occupancy")
         ev.append(f"SM occupancy {_pct(occ)} while SM active {_pct(sm)}")
     if gpu.thermal_share >= th.throttle_share:
@@ -184,6 +201,10 @@ def _compute_modifiers(gpu: GpuWindow | None, th: Thresholds) -> tuple[list[str]
 def _gpu_signals(gpu: GpuWindow | None) -> dict[str, float | None]:
     if gpu is None:
         return {}
+    return dict(gpu.signals)
+
+
+def _signals_of(gpu: GpuWindow) -> dict[str, float | None]:
     if not gpu.up:  # nothing read now is current: absent, never the last values
         return {"gpu_up": 0.0}
     return {
@@ -200,8 +221,10 @@ def _gpu_signals(gpu: GpuWindow | None) -> dict[str, float | None]:
 
 
 def _gpu_evidence(gpu: GpuWindow | None) -> list[str]:
-    if gpu is None:
-        return []
+    return list(gpu.evidence) if gpu is not None else []
+
+
+def _evidence_of(gpu: GpuWindow) -> list[str]:
     if not gpu.up:
         return [f"GPU {gpu.info.index} is down: no current reading"]
     return [
@@ -230,7 +253,7 @@ def _verdict_maker(
     subject: Subject,
     ev: list[str],
     signals: Mapping[str, float | None],
-    series: Mapping[str, tuple[float | None, ...]],
+    series: Mapping[str, Sequence[float | None]],
 ) -> _MakeVerdict:
     """A verdict constructor for one subject: its evidence so far plus the rule's ``why``."""
 
@@ -323,60 +346,6 @@ def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
 
 
 @dataclass(frozen=True)
-class RankWindow:
-    """One rank's steps and phase seconds over the window."""
-
-    view: RankView
-    steps: int  # measured steps in the window
-    all_steps: int  # warm-up included
-    dur: float
-    phases: Phases
-    series: dict[str, tuple[float | None, ...]]
-
-    def shares(self) -> Phases:
-        """Each phase's share of the window's step time."""
-        d = self.dur
-        return Phases(*(p / d if d > 0 else 0.0 for p in self.phases))
-
-    def per_step(self) -> Phases:
-        """Each phase's seconds per measured step."""
-        n = self.steps
-        return Phases(*(p / n if n else 0.0 for p in self.phases))
-
-
-def rank_window(key: tuple[str, int], window: Sequence[Snapshot]) -> RankWindow | None:
-    """The rank's change over the window (from its last restart), None if absent now."""
-    if key not in _training(window[-1]).by_key:
-        return None
-    views: list[RankView] = []
-    for snap in window:
-        r = _training(snap).by_key.get(key)
-        if r is not None:
-            if views and r.steps < views[-1].steps:  # restarted: counters from 0
-                views.clear()
-            views.append(r)
-    last = views[-1]
-    first = views[0]
-    hist: dict[str, list[float | None]] = {"step_seconds": [], **{p: [] for p in PHASES}}
-    for a, b in itertools.pairwise(views):
-        n = b.measured_steps - a.measured_steps
-        d = b.step_seconds_sum - a.step_seconds_sum
-        hist["step_seconds"].append(d / n if n > 0 else None)
-        for name, pa, pb in zip(PHASES, a.phase_seconds, b.phase_seconds, strict=True):
-            hist[name].append((pb - pa) / d if n > 0 and d > 0 else None)
-    return RankWindow(
-        view=last,
-        steps=last.measured_steps - first.measured_steps,
-        all_steps=last.steps - first.steps,
-        dur=last.step_seconds_sum - first.step_seconds_sum,
-        phases=Phases(
-            *(b - a for a, b in zip(first.phase_seconds, last.phase_seconds, strict=True))
-        ),
-        series={k: tuple(v) for k, v in hist.items()},
-    )
-
-
-@dataclass(frozen=True)
 class HostWindow:
     """Host signals over the window, and the rank's process if it could be read."""
 
@@ -388,39 +357,68 @@ class HostWindow:
     process: ProcessReading | None  # mean over the window's readings of the pid
 
 
-def host_window(pid: int | None, window: Sequence[Snapshot]) -> HostWindow | None:
-    readings: list[HostReading] = [h for s in window if (h := s.part(HOST_PART)) is not None]
-    if not readings:
-        return None
-    # the first reading of a pid has no CPU baseline yet: skip it
-    procs = [h.processes[pid] for h in readings if pid is not None and pid in h.processes]
-    procs = procs[1:] if len(procs) > 1 else procs
-    process = None
-    if procs and pid is not None:
-        process = ProcessReading(
-            pid,
-            sum(p.cpu_cores for p in procs) / len(procs),
-            round(sum(p.workers for p in procs) / len(procs)),
-            sum(p.workers_cpu_cores for p in procs) / len(procs),
-            procs[-1].cpus,
+class HostWindows:
+    """The host over the window for each rank's pid, in one pass: the host-wide figures
+    once, each pid's process and each CPU set's busy share once, whatever the ranks."""
+
+    def __init__(self, window: SnapshotWindow) -> None:
+        self._window = window
+        readings = self._readings = window.host_readings()
+        # the first reading's CPU figures are since boot: skip it when there are others
+        recent = self._recent = readings[1:] if len(readings) > 1 else readings
+        self._iowait = _mean([h.iowait for h in recent])
+        self._cpu_pressure = _mean(
+            [h.cpu_pressure.some_avg10 if h.cpu_pressure else None for h in recent]
         )
-    # the first reading's CPU figures are since boot: skip it when there are others
-    recent = readings[1:] if len(readings) > 1 else readings
-    # saturation is judged over the CPUs the rank may use (its affinity), if known
-    cpus = procs[-1].cpus if procs else ()
+        self._io_pressure = _mean(
+            [h.io_pressure.some_avg10 if h.io_pressure else None for h in recent]
+        )
+        self._busy: dict[tuple[int, ...], float | None] = {}
+        self._by_pid: dict[int | None, HostWindow | None] = {}
 
-    def busy(h: HostReading) -> float:
-        mine = [h.cpu_busy[c] for c in cpus if c < len(h.cpu_busy)]
-        return sum(mine) / len(mine) if mine and len(mine) < len(h.cpu_busy) else h.busy
+    def _busy_over(self, cpus: tuple[int, ...]) -> float | None:
+        """Mean busy share of ``cpus`` (all CPUs if unknown) over the recent readings."""
+        if cpus not in self._busy:
 
-    return HostWindow(
-        cpu_count=len(cpus) if cpus else readings[-1].cpu_count,
-        busy=_mean([busy(h) for h in recent]),
-        iowait=_mean([h.iowait for h in recent]),
-        cpu_pressure=_mean([h.cpu_pressure.some_avg10 if h.cpu_pressure else None for h in recent]),
-        io_pressure=_mean([h.io_pressure.some_avg10 if h.io_pressure else None for h in recent]),
-        process=process,
-    )
+            def busy(h: HostReading) -> float:
+                mine = [h.cpu_busy[c] for c in cpus if c < len(h.cpu_busy)]
+                return sum(mine) / len(mine) if mine and len(mine) < len(h.cpu_busy) else h.busy
+
+            self._busy[cpus] = _mean([busy(h) for h in self._recent])
+        return self._busy[cpus]
+
+    def of(self, pid: int | None) -> HostWindow | None:
+        """Host signals over the window with the process ``pid``, None without readings."""
+        if pid not in self._by_pid:
+            self._by_pid[pid] = self._make(pid)
+        return self._by_pid[pid]
+
+    def _make(self, pid: int | None) -> HostWindow | None:
+        readings = self._readings
+        if not readings:
+            return None
+        # the first reading of a pid has no CPU baseline yet: skip it
+        procs = self._window.process_readings(pid) if pid is not None else []
+        procs = procs[1:] if len(procs) > 1 else procs
+        process = None
+        if procs and pid is not None:
+            process = ProcessReading(
+                pid,
+                sum(p.cpu_cores for p in procs) / len(procs),
+                round(sum(p.workers for p in procs) / len(procs)),
+                sum(p.workers_cpu_cores for p in procs) / len(procs),
+                procs[-1].cpus,
+            )
+        # saturation is judged over the CPUs the rank may use (its affinity), if known
+        cpus = procs[-1].cpus if procs else ()
+        return HostWindow(
+            cpu_count=len(cpus) if cpus else readings[-1].cpu_count,
+            busy=self._busy_over(cpus),
+            iowait=self._iowait,
+            cpu_pressure=self._cpu_pressure,
+            io_pressure=self._io_pressure,
+            process=process,
+        )
 
 
 def _input_verdict(host: HostWindow | None, th: Thresholds) -> tuple[str, list[str]]:
@@ -614,8 +612,10 @@ def _idle_body_verdict(
     if util is not None and util >= th.busy_gpu_util:
         # kernels run back to back, each on few SMs: the GPU is the limit, badly filled
         mods, why = _compute_modifiers(gpu, th)
-        why.append(f"{head} and kernels run {util:.0f}% of the time: small grids leave most "
-                   "SMs idle; a larger batch or fused kernels fill the GPU")
+        why.append(
+            f"{head} and kernels run {util:.0f}% of the time: small grids leave most "
+            "SMs idle; a larger batch or fused kernels fill the GPU"
+        )
         return verdict("compute", mods, why)
     proc = host.process if host is not None else None
     if proc is None:
@@ -708,29 +708,28 @@ def finished_verdict(rw: RankWindow, gpu: GpuWindow | None, mark: FinishedRank,
 
 
 def diagnose(
-    window: Sequence[Snapshot],
+    window: SnapshotWindow,
     th: Thresholds,
     held: Mapping[str, HeldXid] | None = None,
     finished: Mapping[tuple[str, int], FinishedRank] | None = None,
 ) -> Diagnosis:
-    """Every verdict for the newest snapshot of ``window`` (oldest first).
+    """Every verdict for the newest snapshot of ``window``.
 
     ``held``: critical XIDs held against GPUs (by UUID) beyond the window;
     ``finished``: ranks whose process has ended (by job and rank), kept by the caller
     across passes (:class:`~stepscope.diagnose.analysis.DiagnosisAnalysis`)."""
-    if not window:
+    snapshots = window.snapshots
+    if not snapshots:
         return Diagnosis(0.0, 0, thresholds=th)
     held = held or {}
     finished = finished or {}
-    latest = window[-1]
+    latest = snapshots[-1]
     now = latest.monotonic
-    span = now - window[0].monotonic
+    span = now - snapshots[0].monotonic
     verdicts: list[Verdict] = []
     by_job: dict[str, list[RankWindow]] = {}
-    for r in _training(latest).ranks:
-        rw = rank_window((r.job, r.rank), window)
-        if rw is not None:
-            by_job.setdefault(r.job, []).append(rw)
+    for rw in window.ranks():
+        by_job.setdefault(rw.view.job, []).append(rw)
     claimed: set[str] = set()
     # each GPU's window once per pass, however many ranks share the GPU
     gpu_windows: dict[str, GpuWindow | None] = {}
@@ -742,6 +741,7 @@ def diagnose(
             gpu_windows[uuid] = gpu_window(uuid, window, th, held.get(uuid))
         return gpu_windows[uuid]
 
+    hosts = HostWindows(window)
     for ranks in by_job.values():
         live = []
         for rw in ranks:
@@ -763,12 +763,12 @@ def diagnose(
             gpu = gpu_of(rw.view.uuid)
             if gpu is not None:
                 claimed.add(gpu.info.uuid)
-            host = host_window(rw.view.pid, window)
-            verdicts.append(rank_verdict(rw, gpu, host, peers, window, th))
+            host = hosts.of(rw.view.pid)
+            verdicts.append(rank_verdict(rw, gpu, host, peers, snapshots, th))
     for g in _gpus(latest):
         if g.info.uuid in claimed:
             continue
         gw = gpu_of(g.info.uuid)
         if gw is not None:
             verdicts.append(gpu_verdict(gw, th))
-    return Diagnosis(span, len(window), tuple(verdicts), th)
+    return Diagnosis(span, len(snapshots), tuple(verdicts), th)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from stepscope.diagnose.thresholds import Thresholds
@@ -87,7 +87,7 @@ class Verdict:
     advice: str = ""
     evidence: tuple[str, ...] = ()
     signals: Mapping[str, float | None] = field(default_factory=dict)
-    history: Mapping[str, tuple[float | None, ...]] = field(default_factory=dict)
+    history: Mapping[str, Sequence[float | None]] = field(default_factory=dict)
 
     @property
     def bottleneck(self) -> bool:
