@@ -15,7 +15,13 @@ import pytest
 from stepscope.gpu import libnvml
 from stepscope.gpu.fields import FIELDS_BY_KEY, PROFILING_KEYS
 from stepscope.gpu.model import NoDriverError, Tier
-from stepscope.gpu.nvml import FAST_GETTERS, SLOW_GETTERS, NvmlBackend
+from stepscope.gpu.nvml import (
+    FAST_ENGINE_GETTERS,
+    FAST_GETTERS,
+    LICENSE_SYMBOL,
+    SLOW_GETTERS,
+    NvmlBackend,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -56,6 +62,7 @@ def test_every_per_read_call_goes_straight_to_the_driver(backend: NvmlBackend) -
     # A symbol that does not resolve falls back to pynvml's wrapper: correct, but it
     # costs about as much again as the call (see benchmarks/nvml_call_cost.py).
     symbols = [spec.symbols for spec in FAST_GETTERS + SLOW_GETTERS]
+    symbols += [(spec.symbol,) for spec in FAST_ENGINE_GETTERS] + [(LICENSE_SYMBOL,)]
     symbols.append(("nvmlDeviceGetFieldValues",))
     if any(gpu.profiling_supported for gpu in backend.devices()):
         symbols += [("nvmlGpmSampleGet",), ("nvmlGpmMetricsGet",)]
@@ -102,3 +109,18 @@ def test_xid_drain_returns_promptly(backend: NvmlBackend) -> None:
     events = backend.events()
     assert time.monotonic() - started < 0.5
     assert all(0 <= e.index < len(backend.devices()) for e in events)
+
+
+def test_memory_splits_out_the_reserved_part_and_utilisations_are_percentages(
+    backend: NvmlBackend,
+) -> None:
+    for gpu in backend.devices():
+        v = backend.read(gpu.index, FAST).values
+        print(gpu.index, {k: v.get(k) for k in ("fb_used", "fb_free", "fb_reserved",
+                                                "enc_util", "dec_util")})
+        assert gpu.memory_total_mib is not None and v["fb_reserved"] > 0
+        assert abs(v["fb_used"] + v["fb_free"] + v["fb_reserved"] - gpu.memory_total_mib) <= 1
+        for key in ("enc_util", "dec_util"):
+            assert key not in v or 0 <= v[key] <= 100, key
+        slow = backend.read(gpu.index, SLOW).values
+        assert slow.get("vgpu_license_status", 0) in (0, 1)
