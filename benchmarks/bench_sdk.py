@@ -13,12 +13,20 @@ many datagrams were received and dropped.
 - exporter absent: nothing at the ingest path (steps dropped and counted);
 - full socket: a receiver that never reads, tiny buffer (EAGAIN, dropped).
 
-    python3 benchmarks/bench_sdk.py [--steps 20000] [--gap-us 200]
+``--device cuda`` times the CUDA-event path instead (torch with a GPU; the reporter
+records events at each boundary and reads them later): the same cases, an empty body
+(the GPU idles, so events complete at once). ``--sdk DIR`` benchmarks the SDK found in
+DIR (another checkout's ``exporter/``, e.g. a release before a change) with this same
+harness. ``--out DIR`` also writes the table and a JSON of the figures there.
+
+    python3 benchmarks/bench_sdk.py [--steps 20000] [--gap-us 200] [--device cpu|cuda]
+                                    [--sdk DIR] [--out DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import statistics
@@ -28,10 +36,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
-
-from stepscope.train import StepReporter
+EXPORTER = Path(__file__).resolve().parent.parent / "exporter"
 
 RECEIVER = """
 import socket, sys
@@ -56,7 +63,7 @@ def percentiles(samples_ns: list[float]) -> tuple[float, float, float]:
     return q[49] / 1e3, q[98] / 1e3, max(samples_ns) / 1e3
 
 
-def time_steps(rep: StepReporter, steps: int, gap_ns: int) -> list[float]:
+def time_steps(rep: Any, steps: int, gap_ns: int) -> list[float]:
     """Nanoseconds of each empty ``with rep.step()``, steps ``gap_ns`` apart."""
     clock = time.perf_counter_ns
     out: list[float] = []
@@ -94,11 +101,15 @@ def time_next(it: Iterator[int], items: int) -> list[float]:
     return out
 
 
-def reporter(path: str) -> StepReporter:
-    return StepReporter("bench", flops_per_token=1e9, ingest=f"unix://{path}", warmup_steps=0)
+def reporter(path: str, cuda: bool = False) -> Any:
+    from stepscope.train import StepReporter
+
+    return StepReporter(
+        "bench", flops_per_token=1e9, ingest=f"unix://{path}", warmup_steps=0, cuda=cuda
+    )
 
 
-def run(steps: int, gap_ns: int) -> list[Row]:
+def run(steps: int, gap_ns: int, cuda: bool = False) -> list[Row]:
     rows: list[Row] = [("timer alone (perf_counter_ns pair)", time_timer(steps), "")]
     tmp = tempfile.mkdtemp(prefix="ssb")
 
@@ -107,7 +118,7 @@ def run(steps: int, gap_ns: int) -> list[Row]:
         [sys.executable, "-c", RECEIVER, present], stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    rep = reporter(present)
+    rep = reporter(present, cuda)
     samples = time_steps(rep, steps, gap_ns)
     rep.close()
     dropped = rep.dropped
@@ -122,7 +133,7 @@ def run(steps: int, gap_ns: int) -> list[Row]:
     proc.wait()
     rows.append(("step(): receiver present", samples, f"received {received}, dropped {dropped}"))
 
-    rep = reporter(os.path.join(tmp, "absent.sock"))
+    rep = reporter(os.path.join(tmp, "absent.sock"), cuda)
     samples = time_steps(rep, steps, gap_ns)
     rep.close()
     rows.append(("step(): exporter absent", samples, f"dropped {rep.dropped}"))
@@ -131,7 +142,7 @@ def run(steps: int, gap_ns: int) -> list[Row]:
     sink = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
     sink.bind(full)
-    rep = reporter(full)
+    rep = reporter(full, cuda)
     samples = time_steps(rep, steps, gap_ns)
     rep.close(timeout=0.1)
     rows.append(("step(): socket full (never read)", samples, f"dropped {rep.dropped}"))
@@ -149,16 +160,38 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--gap-us", type=int, default=200, help="busy time between steps")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: host timing; cuda: CUDA-event timing (needs a GPU)")
+    parser.add_argument("--sdk", type=Path, default=EXPORTER,
+                        help="the directory holding the stepscope package to benchmark")
+    parser.add_argument("--out", type=Path, help="also write sdk-DEVICE.txt and .json here")
     args = parser.parse_args(argv)
-    rows = run(args.steps, args.gap_us * 1000)
-    print(f"{args.steps} steps each, {args.gap_us} us of busy work between steps")
-    print(f"{'case':<36} {'p50 us':>8} {'p99 us':>8} {'max us':>9}  note")
+    sys.path.insert(0, str(args.sdk.resolve()))
+    cuda = args.device == "cuda"
+    header = [f"SDK from {args.sdk}, device {args.device}"]
+    if cuda:
+        import torch
+
+        torch.cuda.set_device(0)
+        torch.zeros(1, device="cuda")  # initialize CUDA: the reporter times with events
+        header.append(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
+    rows = run(args.steps, args.gap_us * 1000, cuda)
+    lines = [*header, f"{args.steps} steps each, {args.gap_us} us of busy work between steps",
+             f"{'case':<36} {'p50 us':>8} {'p99 us':>8} {'max us':>9}  note"]  # fmt: skip
+    figures: dict[str, Any] = {"device": args.device, "sdk": str(args.sdk), "steps": args.steps,
+                               "gap_us": args.gap_us, "rows": {}}  # fmt: skip
     for name, samples, note in rows:
         p50, p99, peak = percentiles(samples)
-        print(f"{name:<36} {p50:8.2f} {p99:8.2f} {peak:9.1f}  {note}")
+        lines.append(f"{name:<36} {p50:8.2f} {p99:8.2f} {peak:9.1f}  {note}")
+        figures["rows"][name] = {"p50_us": p50, "p99_us": p99, "max_us": peak, "note": note}
     plain_p50 = percentiles(rows[-2][1])[0]
     timed_p50 = percentiles(rows[-1][1])[0]
-    print(f"timed() overhead per item, p50: {timed_p50 - plain_p50:.2f} us")
+    lines.append(f"timed() overhead per item, p50: {timed_p50 - plain_p50:.2f} us")
+    print("\n".join(lines))
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"sdk-{args.device}.txt").write_text("\n".join(lines) + "\n")
+        (args.out / f"sdk-{args.device}.json").write_text(json.dumps(figures, indent=1) + "\n")
     return 0
 
 
