@@ -1,0 +1,159 @@
+"""The CUDA-event path's bookkeeping, with fake events on a GPU clock the test drives:
+the training thread only records; steps are read, in order, once their events have
+completed; a spent pool or a full queue drops steps (counted) and never blocks or
+raises; every event returns to the pool exactly once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stepscope.train._timeline import CudaTimeline
+
+
+class Gpu:
+    """A GPU clock: an event records the clock's value when recorded and has completed
+    once ``done_until`` reaches it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0  # ms
+        self.done_until = -1.0
+        self.made = 0
+
+    def event(self) -> Event:
+        self.made += 1
+        return Event(self)
+
+
+class Event:
+    def __init__(self, gpu: Gpu) -> None:
+        self.gpu = gpu
+        self.t: float | None = None
+
+    def record(self) -> None:
+        self.t = self.gpu.now
+
+    def query(self) -> bool:
+        return self.t is not None and self.t <= self.gpu.done_until
+
+    def elapsed_time(self, end: Event) -> float:
+        assert self.query() and end.query(), "read before completion"
+        assert self.t is not None and end.t is not None
+        return end.t - self.t
+
+
+def step(tl: CudaTimeline, gpu: Gpu, n: int, prev: Any, start_ms: float, end_ms: float,
+         data: float = 0.0) -> Any:  # fmt: skip
+    """What the reporter's training thread does for one step; returns its end event."""
+    gpu.now = start_ms
+    start = tl.event()
+    start.record()
+    gpu.now = end_ms
+    end = tl.event()
+    end.record()
+    assert tl.push((n, False, 10, 1e9, data, 0.002, prev, start, end, []))
+    return end
+
+
+def test_steps_are_read_in_order_once_completed_and_equal_what_the_events_measure() -> None:
+    gpu = Gpu()
+    tl = CudaTimeline(gpu.event)
+    e0 = step(tl, gpu, 0, None, 0.0, 40.0)
+    e1 = step(tl, gpu, 1, e0, 50.0, 90.0, data=0.030)  # the GPU idled 10 ms before it
+    assert tl.resolve(False) == []  # nothing completed: nothing read, nothing waited for
+    gpu.done_until = 45.0
+    (s0,) = tl.resolve(False)  # step 1 not done yet: it waits, in order
+    assert s0 is not None
+    number, warm, _t, dur, data, compute, comm, tokens, flops = s0
+    assert (number, warm, data, comm, tokens, flops) == (0, False, 0.0, 0.0, 10, 1e9)
+    assert dur == pytest.approx(0.042)  # the 2 ms host gap before the first step, + 40
+    assert compute == pytest.approx(0.040)
+    gpu.done_until = 90.0
+    (s1,) = tl.resolve(False)
+    assert s1 is not None
+    assert s1[3] == pytest.approx(0.050)  # dur: end of step 0 to end of step 1, GPU clock
+    assert s1[4] == pytest.approx(0.010)  # data: what the GPU waited, not the host's 30 ms
+    assert s1[5] == pytest.approx(0.040)
+    del e1
+
+
+def test_a_later_step_completing_first_does_not_jump_the_queue() -> None:
+    gpu = Gpu()
+    tl = CudaTimeline(gpu.event)
+    e0 = step(tl, gpu, 0, None, 0.0, 10.0)
+    step(tl, gpu, 1, e0, 10.0, 20.0)
+    # step 1's end reads as done while step 0's does not (events on different streams)
+    first_end = tl.pending[0][8]
+    first_end.t = 99.0
+    gpu.done_until = 20.0
+    assert tl.resolve(False) == []
+    gpu.done_until = 99.0
+    got = tl.resolve(False)
+    assert [r[0] for r in got if r is not None] == [0, 1]
+
+
+def test_events_are_pooled_and_each_returns_once() -> None:
+    gpu = Gpu()
+    tl = CudaTimeline(gpu.event)
+    tl.prewarm(4)
+    assert gpu.made == 4 and len(tl.free) == 4
+    prev = None
+    for n in range(200):
+        prev = step(tl, gpu, n, prev, n * 10.0, n * 10.0 + 5.0)
+        gpu.done_until = n * 10.0 + 5.0
+        tl.resolve(False)
+    # two events per step, the last end held for the next step: a handful in all
+    assert gpu.made <= 6
+    assert len({id(e) for e in tl.free}) == len(tl.free)  # never the same event twice
+
+
+def test_a_spent_pool_gives_none_and_a_full_queue_refuses_without_blocking() -> None:
+    gpu = Gpu()
+    tl = CudaTimeline(gpu.event, max_pending=2, max_events=5)
+    prev = None
+    for n in range(2):
+        prev = step(tl, gpu, n, prev, n, n + 0.5)
+    assert not tl.push((2, False, 0, 0.0, 0.0, 0.0, prev, tl.event(), tl.event(), []))
+    assert tl.event() is None  # 5 made: the cap
+    gpu.done_until = 10.0
+    assert len(tl.resolve(False)) == 2 and tl.event() is not None  # recycled
+
+
+def test_at_close_steps_still_running_are_dropped_not_waited_for() -> None:
+    gpu = Gpu()
+    tl = CudaTimeline(gpu.event)
+    e0 = step(tl, gpu, 0, None, 0.0, 10.0)
+    step(tl, gpu, 1, e0, 10.0, 20.0)
+    gpu.done_until = 10.0
+    got = tl.resolve(True)
+    assert got[0] is not None and got[0][0] == 0 and got[1] is None and not tl.pending
+
+
+def test_an_event_that_fails_to_read_drops_its_step_and_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gpu = Gpu()
+    tl = CudaTimeline(gpu.event)
+    step(tl, gpu, 0, None, 0.0, 10.0)
+
+    def broken() -> bool:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    tl.pending[0][8].query = broken
+    step(tl, gpu, 1, None, 10.0, 20.0)
+    assert tl.resolve(False) == [None, None]  # a broken context: nothing left readable
+    assert caplog.text.count("reading CUDA events failed") == 1
+
+
+def test_an_integrations_own_events_never_join_the_pool() -> None:
+    gpu = Gpu()
+    tl = CudaTimeline(gpu.event)
+    tl.prewarm(1)
+
+    class TheirEvent(Event):
+        pass
+
+    theirs = TheirEvent(gpu)
+    tl.recycle(theirs)
+    assert theirs not in tl.free
