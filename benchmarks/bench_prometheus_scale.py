@@ -1,26 +1,40 @@
-"""How the shipped rules and dashboards scale: a real Prometheus scraping many nodes.
+"""How the shipped rules scale: a real Prometheus scraping a simulated fleet, live.
 
-    python benchmarks/bench_prometheus_scale.py [--nodes 16 64 128] [--seconds 40]
     python benchmarks/bench_prometheus_scale.py --nodes 1000 --interval 15s --seconds 180
+    python benchmarks/bench_prometheus_scale.py --nodes 16 64 --interval 5s --warmup 150
 
-One real `stepscope serve --simulate 8` with 8 training ranks reporting steps gives the
-exposition of one 8-GPU node. The benchmark serves N copies of it, each with its own
-Hostname and GPU UUIDs, from one stdlib HTTP server on loopback (N exporter processes
-would measure the laptop, not Prometheus), and starts the real `prometheus` with the shipped
-rules, scraping every copy every 5 s and evaluating every 5 s. After `--seconds` (default
-40: a `[2m]` window then holds as many samples as at a 15 s scrape in steady state) it
-reads Prometheus' own metrics: series per node, head series, samples ingested per second,
-`prometheus_rule_group_last_duration_seconds` per group, resident memory, and the latency
-of the fleet straggler query raw vs through its recording rule. Values of the copies are
-static (counters do not move), which costs Prometheus the same per sample.
-docs/scaling.md turns the table into numbers for 1,000 nodes x 8 GPUs.
+What one node serves comes from the real exporter: `stepscope serve --simulate 8` with 8
+training ranks reporting steps through its ingest socket (so GPU series carry the rank's
+training job, as attribution serves them). The fleet is that exposition, relabelled per
+node (Hostname, GPU UUIDs, training job, global rank, world size), served by one asyncio
+process at /node-<i>/metrics with the exporter's content type and gzip. Values move on
+every scrape at almost no cost: each sample is a slot in a per-node list of static text
+pieces, and one vector of values per second (counters rise, gauges wander, timestamps are
+now) is shared by all nodes; a few nodes per job run slow (SM activity 0.4x, compute 1.5x)
+so the straggler rules have something to find. Nodes are in training jobs of
+--nodes-per-job nodes, each job inside one of two clusters.
+
+The real `prometheus` scrapes every node at --interval with the shipped rules (evaluation
+at the same interval), honor_labels false, `cluster` a target label as the shipped scrape
+configs set it. The history the rules read beyond the run (the 6 h `max_over_time` of
+StepscopeGpuMissing) is backfilled with `promtool tsdb create-blocks-from openmetrics`
+before Prometheus starts; everything else is live. After --warmup (default 10 min: the
+longest live range the rules read, so every window is full) it polls /api/v1/rules for
+--seconds and keeps every evaluation of every group and rule (`evaluationTime`), then reads
+Prometheus' own metrics: head series, samples appended/s, RSS and Go heap, scrape
+duration, rule failures and missed iterations. It records its own CPU (the fleet server's
+must not starve Prometheus on a small machine) and the load average of the machine, since
+other work there skews the timings. docs/scaling.md has the results.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
+import math
+import multiprocessing
 import os
 import re
 import shutil
@@ -30,19 +44,22 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from _local import free_port, get
 
 REPO = Path(__file__).resolve().parent.parent
-RULES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
+RULES = REPO / "deploy" / "prometheus" / "rules"
 H100_BF16 = 989.4e12
+MFU = 0.45  # what the simulated ranks achieve: a good large-model training run
+STEP_SECONDS = 0.2  # step time of the template's ranks (paced in real time: MFU is wall-clock)
+SLOW_EVERY = 97  # every 97th node of a job is slow (a handful of alerts, as in a real fleet)
 QUERIES = {
     "straggler table, raw": "min by (cluster, Hostname) (DCGM_FI_PROF_SM_ACTIVE)",
     "straggler table, recorded": "Hostname:DCGM_FI_PROF_SM_ACTIVE:min",
@@ -54,19 +71,27 @@ QUERIES = {
         " / rate(stepscope_step_duration_seconds_count[2m])"),
     "straggler score, recorded": "training_job_rank:stepscope_straggler_score:ratio",
 }
+# Gauges that are constants of the node or the configuration: served unchanged.
+STATIC_GAUGES = {
+    "stepscope_gpu_peak_flops", "stepscope_sampling_interval_seconds",
+    "stepscope_training_ranks", "stepscope_http_max_connections", "process_max_fds",
+    "process_start_time_seconds", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+}
 
+
+# -- one node, from the real exporter ---------------------------------------------------
 
 def one_node_exposition() -> str:
-    """What a real simulated 8-GPU node with 8 reporting ranks serves."""
+    """What a real simulated 8-GPU node serves with 8 ranks of job `bench` reporting."""
     ingest = free_port(socket.SOCK_DGRAM)
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "stepscope", "serve", "--simulate", "8", "--hostname",
          "node-template", "--listen", f"127.0.0.1:{port}", "--ingest",
-         f"udp://127.0.0.1:{ingest}", "--interval", "0.5"],
+         f"udp://127.0.0.1:{ingest}", "--interval", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         text = ""
         while time.monotonic() < deadline:
             try:
@@ -76,93 +101,268 @@ def one_node_exposition() -> str:
                 time.sleep(0.2)
         uuids = re.findall(r'stepscope_gpu_up\{gpu="(\d+)",UUID="([^"]+)"', text)
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for step in range(12):
+        for step in range(16):
             for gpu, uuid in uuids:
                 sock.sendto(json.dumps({
                     "v": 1, "type": "step", "job": "bench", "rank": int(gpu),
                     "local_rank": int(gpu), "world_size": 8, "uuid": uuid, "step": step,
-                    "t": time.time(), "dur": 0.5, "data": 0.05, "compute": 0.35, "comm": 0.05,
-                    "tokens": 8192, "flops": 0.2 * H100_BF16, "warmup": False,
+                    "pid": os.getpid(), "t": time.time(), "dur": STEP_SECONDS,
+                    "data": 0.1 * STEP_SECONDS, "compute": 0.75 * STEP_SECONDS,
+                    "comm": 0.1 * STEP_SECONDS, "tokens": 8192,
+                    "flops": MFU * H100_BF16 * STEP_SECONDS, "warmup": False,
                 }).encode(), ("127.0.0.1", ingest))
-            time.sleep(0.1)
+            time.sleep(STEP_SECONDS)
         sock.close()
-        time.sleep(1.5)
+        time.sleep(2.5)  # a sampling pass and a diagnosis pass over the steps
         return get(f"http://127.0.0.1:{port}/metrics", timeout=30).decode()
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=15)
 
 
-class Fleet(ThreadingHTTPServer):
-    """Serves /node-<i>/metrics: the template with node i's Hostname and UUIDs."""
+# -- the fleet: per-node text pieces around shared value slots ---------------------------
 
-    daemon_threads = True
-
-    def __init__(self, template: str, nodes: int) -> None:
-        # gzip once, as the exporter does: at 1,000 nodes the fleet server must not be
-        # what limits the scrape rate
-        self.bodies = [
-            gzip.compress(
-                template.replace('"node-template"', f'"node-{i:04d}"')
-                .replace('UUID="GPU-', f'UUID="GPU-{i:04d}-').encode(),
-                compresslevel=1,
-            )
-            for i in range(nodes)
-        ]
-        super().__init__(("127.0.0.1", 0), Handler)
+SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{.*\})? (\S+)$")
+RANK = re.compile(r'(?<![A-Za-z0-9_])rank="(\d+)"')
 
 
-class Handler(BaseHTTPRequestHandler):
-    server: Fleet
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """How one sample's value moves: kind is static, counter, gauge or timestamp."""
 
-    def do_GET(self) -> None:
-        match = re.fullmatch(r"/node-(\d+)/metrics", self.path)
-        if not match or int(match.group(1)) >= len(self.server.bodies):
-            self.send_error(404)
-            return
-        body = self.server.bodies[int(match.group(1))]
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Encoding", "gzip")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+    kind: str
+    v0: float
+    slow_factor: float  # applied on the slow nodes (SM activity down, compute time up)
 
 
-def run(
-    prometheus: str, template: str, nodes: int, seconds: float, interval: str = "5s"
-) -> dict[str, Any]:
-    fleet = Fleet(template, nodes)
-    threading.Thread(target=fleet.serve_forever, daemon=True).start()
-    address = f"127.0.0.1:{fleet.server_address[1]}"
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """The fleet: who is where, and what each node's exposition is made of."""
+
+    nodes: int
+    nodes_per_job: int
+
+    def cluster(self, node: int) -> str:
+        return "west" if node < (self.nodes + 1) // 2 else "east"
+
+    def job(self, node: int) -> tuple[str, int, int]:
+        """(training job, this node's index in it, nodes in it); jobs never span clusters."""
+        half = (self.nodes + 1) // 2
+        start = 0 if node < half else half
+        end = half if node < half else self.nodes
+        k = (node - start) // self.nodes_per_job
+        first = start + k * self.nodes_per_job
+        size = min(self.nodes_per_job, end - first)
+        return f"{self.cluster(node)}-job-{k}", node - first, size
+
+    def slow(self, node: int) -> bool:
+        return self.job(node)[1] % SLOW_EVERY == 1
+
+
+def parse_template(text: str) -> tuple[list[str], list[Slot]]:
+    """The exposition as text pieces around value slots, and how each value moves."""
+    types: dict[str, str] = {}
+    pieces: list[str] = []
+    slots: list[Slot] = []
+    pending = ""
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            types[name] = kind
+        match = SAMPLE.match(line) if line and line[0] != "#" else None
+        if match is None:
+            pending += line + "\n"
+            continue
+        name, labels, value = match.group(1), match.group(2) or "", match.group(3)
+        family = re.sub(r"_(bucket|sum|count)$", "", name)
+        kind = types.get(name) or types.get(family, "untyped")
+        v0 = float(value)
+        if kind in ("counter", "histogram") or name.endswith("_total"):
+            slot_kind = "counter"
+        elif name.endswith("_timestamp_seconds"):
+            slot_kind = "timestamp"
+        elif name in STATIC_GAUGES or v0 in (0.0, 1.0) or "_info" in name:
+            slot_kind = "static"
+        else:
+            slot_kind = "gauge"
+        slow = 1.0
+        if name == "DCGM_FI_PROF_SM_ACTIVE":
+            slow = 0.4
+        elif name == "stepscope_step_phase_seconds_total" and 'phase="compute"' in labels:
+            slow = 1.5
+        pieces.append(pending + name + labels + " ")
+        pending = "\n"
+        slots.append(Slot(slot_kind, v0, slow))
+    pieces.append(pending)
+    return pieces, slots
+
+
+def node_text(template: str, layout: Layout, node: int) -> str:
+    """The template as node `node` serves it: its Hostname, UUIDs, job and global ranks."""
+    job, index, size = layout.job(node)
+    text = (template.replace('Hostname="node-template"', f'Hostname="node-{node:04d}"')
+            .replace('UUID="GPU-', f'UUID="GPU-{node:04d}')
+            .replace('training_job="bench"', f'training_job="{job}"')
+            .replace('world_size="8"', f'world_size="{8 * size}"'))
+    return RANK.sub(lambda m: f'rank="{8 * index + int(m.group(1))}"', text)
+
+
+def values_at(slots: list[Slot], t: float, t0: float, slow: bool) -> list[str]:
+    """Every slot's value at time t (counters rise from their template value by a tenth of
+    it per second; gauges wander a few percent over minutes; timestamps are now)."""
+    out = []
+    for i, s in enumerate(slots):
+        f = s.slow_factor if slow else 1.0
+        if s.kind == "counter":
+            v = s.v0 * f + s.v0 * f * 0.1 * (t - t0)
+        elif s.kind == "timestamp":
+            v = t - 0.5
+        elif s.kind == "gauge":
+            v = s.v0 * f * (1 + 0.03 * math.sin(t / 47.0 + i))
+            if s.v0 == int(s.v0) and abs(s.v0) >= 10:
+                v = round(v)
+        else:
+            v = s.v0
+        out.append(repr(v) if isinstance(v, float) else str(v))
+    return out
+
+
+def serve_fleet(template: str, layout: Layout, port: int, ready: Any) -> None:
+    """The fake-target process: aiohttp on 127.0.0.1:port, /node-<i>/metrics."""
+    from aiohttp import web
+
+    _, slots = parse_template(template)
+    nodes = [parse_template(node_text(template, layout, i))[0] for i in range(layout.nodes)]
+    slow = [layout.slow(i) for i in range(layout.nodes)]
+    t0 = time.time()
+    cache: dict[tuple[int, bool], list[str]] = {}
+
+    def values(second: int, is_slow: bool) -> list[str]:
+        key = (second, is_slow)
+        if key not in cache:
+            if len(cache) > 4:
+                cache.clear()
+            cache[key] = values_at(slots, float(second), t0, is_slow)
+        return cache[key]
+
+    async def metrics(request: web.Request) -> web.Response:
+        node = int(request.match_info["node"])
+        if node >= layout.nodes:
+            raise web.HTTPNotFound()
+        vals = values(int(time.time()), slow[node])
+        pieces = nodes[node]  # one more than vals: the text after the last sample
+        body = "".join(itertools.chain.from_iterable(zip(pieces[:-1], vals, strict=True)))
+        body += pieces[-1]
+        headers = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+        data = body.encode()
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            data = gzip.compress(data, compresslevel=1, mtime=0)
+            headers["Content-Encoding"] = "gzip"
+        return web.Response(body=data, headers=headers)
+
+    app = web.Application()
+    app.router.add_get(r"/node-{node:\d+}/metrics", metrics)
+    ready.send(sum(len(p) for p in nodes[0]))
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None,
+                handle_signals=True)
+
+
+# -- history for the long windows ------------------------------------------------------
+
+def backfill(tmp: Path, layout: Layout, hours: float, step_s: float, end: float) -> None:
+    """`hours` of Hostname:stepscope_gpu_info:count before `end` (StepscopeGpuMissing's 6 h
+    max_over_time), as blocks in tmp/data, written by promtool."""
+    src = tmp / "history.om"
+    start = end - hours * 3600
+    with src.open("w") as f:
+        f.write("# TYPE Hostname:stepscope_gpu_info:count gauge\n")
+        for node in range(layout.nodes):
+            labels = f'cluster="{layout.cluster(node)}",Hostname="node-{node:04d}"'
+            t = start
+            while t < end:
+                f.write(f"Hostname:stepscope_gpu_info:count{{{labels}}} 8 {t:.3f}\n")
+                t += step_s
+        f.write("# EOF\n")
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(src),
+                    str(tmp / "data")], check=True, stdout=subprocess.DEVNULL)
+    src.unlink()
+
+
+# -- one run ---------------------------------------------------------------------------
+
+def seconds_of(interval: str) -> float:
+    match = re.fullmatch(r"(\d+)(ms|s|m)", interval)
+    if not match:
+        raise SystemExit(f"--interval {interval!r}: expected e.g. 15s")
+    return int(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[match.group(2)]
+
+
+def run(prometheus: str, template: str, layout: Layout, warmup: float, seconds: float,
+        interval: str, history_hours: float, rules: Path = RULES) -> dict[str, Any]:
+    interval_s = seconds_of(interval)
     tmp = Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
-    url = f"http://127.0.0.1:{free_port()}"
-    config = {
-        "global": {"scrape_interval": interval, "evaluation_interval": interval,
-                   "scrape_timeout": "5s"},
-        "rule_files": [str(p) for p in RULES],
-        "scrape_configs": [{
-            # as shipped: honor_labels false, the cluster a target label (two clusters)
-            "job_name": "stepscope", "honor_labels": False,
-            "static_configs": [
-                {"targets": [address],
-                 "labels": {"__metrics_path__": f"/node-{i:04d}/metrics",
-                            "instance": f"node-{i:04d}:9400",
-                            "cluster": "east" if i % 2 else "west"}}
-                for i in range(nodes)],
-        }, {
-            "job_name": "prometheus", "static_configs": [{"targets": [url[7:]]}],
-        }],
-    }
-    (tmp / "prometheus.yml").write_text(json.dumps(config))
-    proc = subprocess.Popen(
-        [prometheus, f"--config.file={tmp / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address={url[7:]}",
-         "--log.level=error"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fleet_port = free_port()
+    receive, send = multiprocessing.Pipe(duplex=False)
+    fleet = multiprocessing.get_context("fork").Process(
+        target=serve_fleet, args=(template, layout, fleet_port, send), daemon=True)
+    fleet.start()
+    if not receive.poll(300):
+        raise RuntimeError("the fleet server did not start")
+    body_bytes = receive.recv()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        if history_hours > 0:
+            t = time.perf_counter()
+            backfill(tmp, layout, history_hours, interval_s, time.time() - 60)
+            print(f"  backfilled {history_hours:g} h in {time.perf_counter() - t:.0f} s",
+                  flush=True)
+        url = f"http://127.0.0.1:{free_port()}"
+        config = {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                       "scrape_timeout": f"{min(interval_s, 10):g}s"},
+            "rule_files": [str(p) for p in sorted(rules.glob("*.yml"))],
+            "scrape_configs": [{
+                # as shipped: honor_labels false, the cluster a target label
+                "job_name": "stepscope", "honor_labels": False,
+                "static_configs": [
+                    {"targets": [f"127.0.0.1:{fleet_port}"],
+                     "labels": {"__metrics_path__": f"/node-{i:04d}/metrics",
+                                "instance": f"node-{i:04d}:9400",
+                                "cluster": layout.cluster(i)}}
+                    for i in range(layout.nodes)],
+            }, {
+                "job_name": "prometheus", "static_configs": [{"targets": [url[7:]]}],
+            }],
+        }
+        (tmp / "prometheus.yml").write_text(json.dumps(config))
+        with (tmp / "log").open("w") as log:
+            proc = subprocess.Popen(
+                [prometheus, f"--config.file={tmp / 'prometheus.yml'}",
+                 f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address={url[7:]}",
+                 "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=log)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                get(url + "/-/ready")
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError((tmp / "log").read_text()[-2000:]) from None
+                time.sleep(0.5)
+        assert fleet.pid is not None
+        return measure(url, proc.pid, fleet.pid, layout, warmup, seconds, interval_s,
+                       body_bytes)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=60)
+        fleet.terminate()
+        fleet.join(timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
 
+
+def measure(url: str, prom_pid: int, fleet_pid: int, layout: Layout, warmup: float,
+            seconds: float, interval_s: float, body_bytes: int) -> dict[str, Any]:
     def query(q: str) -> list[dict[str, Any]]:
         body = json.loads(get(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": q}),
                               timeout=120))
@@ -173,86 +373,158 @@ def run(
         result = query(q)
         return float(result[0]["value"][1]) if result else float("nan")
 
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                get(url + "/-/ready")
-                break
-            except OSError:
-                time.sleep(0.2)
-        time.sleep(seconds)
-        groups: dict[str, list[float]] = {}
-        for _ in range(6):  # sample the last evaluation of each group over 30 s
-            last = 'prometheus_rule_group_last_duration_seconds{rule_group=~".*stepscope.*"}'
-            for s in query(last):
-                name = s["metric"]["rule_group"].split(";")[-1]
-                groups.setdefault(name, []).append(float(s["value"][1]))
-            time.sleep(5)
-        rules: dict[str, float] = {}
-        for group in json.loads(get(url + "/api/v1/rules"))["data"]["groups"]:
+    def load() -> float:
+        return os.getloadavg()[0]
+
+    loads: list[float] = []
+    end_warmup = time.monotonic() + warmup
+    while time.monotonic() < end_warmup:
+        loads.append(load())
+        time.sleep(min(10.0, max(0.0, end_warmup - time.monotonic())))
+    warm_loads = loads
+    loads = []
+    prom, fleet_proc = psutil.Process(prom_pid), psutil.Process(fleet_pid)
+    cpu0 = {"prometheus": sum(prom.cpu_times()[:2]), "fleet": sum(fleet_proc.cpu_times()[:2]),
+            "self": sum(psutil.Process().cpu_times()[:2])}
+    t_start = time.monotonic()
+    groups: dict[str, dict[str, float]] = {}  # group -> lastEvaluation -> seconds
+    rules: dict[str, list[float]] = {}
+    seen: set[tuple[str, str]] = set()
+    poll = min(5.0, interval_s / 2)
+    while time.monotonic() - t_start < seconds:
+        loads.append(load())
+        for group in json.loads(get(url + "/api/v1/rules", timeout=60))["data"]["groups"]:
+            key = (group["name"], group["lastEvaluation"])
+            if key in seen or group["lastEvaluation"].startswith("0001"):
+                continue
+            seen.add(key)
+            groups.setdefault(group["name"], {})[group["lastEvaluation"]] = float(
+                group["evaluationTime"])
             for rule in group["rules"]:
-                rules[rule["name"]] = 1000 * float(rule["evaluationTime"])
-        latencies = {}
-        for name, q in QUERIES.items():
-            times = []
-            for _ in range(7):
-                t0 = time.perf_counter()
-                query(q)
-                times.append(time.perf_counter() - t0)
-            latencies[name] = statistics.median(times)
-        return {
-            "nodes": nodes,
-            "series_per_node": scalar('avg(scrape_samples_scraped{job="stepscope"})'),
-            "head_series": scalar('prometheus_tsdb_head_series{job="prometheus"}'),
-            "samples_per_s": scalar(
-                'rate(prometheus_tsdb_head_samples_appended_total{job="prometheus"}[30s])'),
-            "rss_mib": scalar('process_resident_memory_bytes{job="prometheus"}') / 2**20,
-            "groups_ms": {g: 1000 * statistics.median(v) for g, v in sorted(groups.items())},
-            "query_ms": {k: 1000 * v for k, v in latencies.items()},
-            "rules_ms": rules,
-        }
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        fleet.shutdown()
-        shutil.rmtree(tmp, ignore_errors=True)
+                rules.setdefault(rule["name"], []).append(float(rule["evaluationTime"]))
+        time.sleep(poll)
+    elapsed = time.monotonic() - t_start
+    cpu = {"prometheus": sum(prom.cpu_times()[:2]) - cpu0["prometheus"],
+           "fleet": sum(fleet_proc.cpu_times()[:2]) - cpu0["fleet"],
+           "self": sum(psutil.Process().cpu_times()[:2]) - cpu0["self"]}
+    window = f"{int(elapsed)}s"
+    latencies = {}
+    for name, q in QUERIES.items():
+        times = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            query(q)
+            times.append(time.perf_counter() - t0)
+        latencies[name] = statistics.median(times)
+    alerts = {s["metric"]["alertname"] + "/" + s["metric"]["alertstate"]: int(float(s["value"][1]))
+              for s in query("count by (alertname, alertstate) (ALERTS)")}
+    p = '{job="prometheus"}'
+    return {
+        "nodes": layout.nodes,
+        "jobs": len({layout.job(i)[0] for i in range(layout.nodes)}),
+        "ranks": 8 * layout.nodes,
+        "body_kib": body_bytes / 1024,
+        "targets_up": scalar('sum(up{job="stepscope"})'),
+        "series_per_node": scalar('avg(scrape_samples_scraped{job="stepscope"})'),
+        "head_series": scalar(f"prometheus_tsdb_head_series{p}"),
+        "samples_per_s": scalar(f"rate(prometheus_tsdb_head_samples_appended_total{p}[{window}])"),
+        "rss_mib": scalar(f"max_over_time(process_resident_memory_bytes{p}[{window}])") / 2**20,
+        "heap_inuse_mib": scalar(
+            f"max_over_time(go_memstats_heap_inuse_bytes{p}[{window}])") / 2**20,
+        "heap_alloc_mib": scalar(f"go_memstats_alloc_bytes{p}") / 2**20,
+        "scrape_ms_avg": 1000 * scalar(
+            f'avg(avg_over_time(scrape_duration_seconds{{job="stepscope"}}[{window}]))'),
+        "scrape_ms_max": 1000 * scalar(
+            f'max(max_over_time(scrape_duration_seconds{{job="stepscope"}}[{window}]))'),
+        "interval_p99_s": scalar(
+            'max(prometheus_target_interval_length_seconds{quantile="0.99"})'),
+        "eval_failures": scalar(f"sum(prometheus_rule_evaluation_failures_total{p})"),
+        "missed_iterations": scalar(f"sum(prometheus_rule_group_iterations_missed_total{p})"),
+        "cpu_cores": {k: v / elapsed for k, v in cpu.items()},
+        "load_warmup": [min(warm_loads, default=0), max(warm_loads, default=0)],
+        "load_measure": [min(loads), max(loads)],
+        "seconds": elapsed,
+        "groups_s": {g: list(v.values()) for g, v in sorted(groups.items())},
+        "rules_s": rules,
+        "query_ms": {k: 1000 * v for k, v in latencies.items()},
+        "alerts": alerts,
+    }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, nargs="+", default=[16, 64, 128])
-    parser.add_argument("--seconds", type=float, default=40.0)
-    parser.add_argument("--interval", default="5s",
-                        help="scrape and evaluation interval (15s: production at 1,000 nodes)")
-    args = parser.parse_args()
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
-        print("needs the prometheus binary (Debian package prometheus)", file=sys.stderr)
-        return 2
-    template = one_node_exposition()
-    print(f"one node: {sum(1 for ln in template.splitlines() if ln and ln[0] != '#')} "
-          f"samples ({os.cpu_count()} CPUs here)")
-    results = [run(prometheus, template, n, args.seconds, args.interval) for n in args.nodes]
-    groups = sorted({g for r in results for g in r["groups_ms"]})
-    head = ["nodes", "series/node", "head series", "samples/s", "RSS MiB",
-            *[f"{g} ms" for g in groups]]
+# -- report -----------------------------------------------------------------------------
+
+def report(results: list[dict[str, Any]], interval: str) -> None:
+    head = ["nodes", "ranks", "series/node", "head series", f"samples/s ({interval})",
+            "RSS MiB (max)", "heap in use MiB", "scrape ms avg/max", "Prometheus cores",
+            "fleet server cores", "load avg 1m (min-max)"]
     print("\n| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in results:
-        row = [str(r["nodes"]), f"{r['series_per_node']:.0f}", f"{r['head_series']:.0f}",
-               f"{r['samples_per_s']:.0f}", f"{r['rss_mib']:.0f}",
-               *[f"{r['groups_ms'].get(g, float('nan')):.2f}" for g in groups]]
-        print("| " + " | ".join(row) + " |")
-    print("\n| costliest rules at the largest size (ms, last evaluation) | |")
-    print("|---|---|")
-    for name, ms in sorted(results[-1]["rules_ms"].items(), key=lambda kv: -kv[1])[:8]:
-        print(f"| {name} | {ms:.1f} |")
-    print("\n| query (ms, median of 7) | " + " | ".join(f"{r['nodes']} nodes" for r in results)
+        c = r["cpu_cores"]
+        print("| " + " | ".join([
+            f"{r['nodes']:,}", f"{r['ranks']:,}", f"{r['series_per_node']:.0f}",
+            f"{r['head_series']:,.0f}", f"{r['samples_per_s']:,.0f}", f"{r['rss_mib']:,.0f}",
+            f"{r['heap_inuse_mib']:,.0f}", f"{r['scrape_ms_avg']:.1f} / {r['scrape_ms_max']:.0f}",
+            f"{c['prometheus']:.2f}", f"{c['fleet']:.2f}",
+            f"{r['load_measure'][0]:.1f}-{r['load_measure'][1]:.1f}"]) + " |")
+    for r in results:
+        print(f"\n{r['nodes']:,} nodes: rule groups over {r['seconds']:.0f} s "
+              f"(targets up {r['targets_up']:.0f}, evaluation failures "
+              f"{r['eval_failures']:.0f}, missed iterations {r['missed_iterations']:.0f}, "
+              f"load during warm-up {r['load_warmup'][0]:.1f}-{r['load_warmup'][1]:.1f})")
+        print("\n| group | evaluations | p50 ms | max ms |")
+        print("|---|---|---|---|")
+        for g, v in r["groups_s"].items():
+            print(f"| {g} | {len(v)} | {1000 * statistics.median(v):.0f} "
+                  f"| {1000 * max(v):.0f} |")
+        print("\n| costliest rules (ms) | p50 | max |")
+        print("|---|---|---|")
+        ranked = sorted(r["rules_s"].items(), key=lambda kv: -statistics.median(kv[1]))
+        for name, v in ranked[:10]:
+            print(f"| {name} | {1000 * statistics.median(v):.0f} | {1000 * max(v):.0f} |")
+        print("\nalerts at the end:", ", ".join(f"{k} {v}" for k, v in sorted(r["alerts"].items()))
+              or "none")
+    print("\n| query (ms, median of 7) | " + " | ".join(f"{r['nodes']:,} nodes" for r in results)
           + " |")
     print("|---|" + "---|" * len(results))
     for name in QUERIES:
         print(f"| {name} | " + " | ".join(f"{r['query_ms'][name]:.1f}" for r in results) + " |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000])
+    parser.add_argument("--nodes-per-job", type=int, default=250,
+                        help="nodes of one training job (8 ranks each); default 250")
+    parser.add_argument("--interval", default="15s", help="scrape and evaluation interval")
+    parser.add_argument("--warmup", type=float, default=600.0,
+                        help="seconds before measuring (default 600: the 10 m windows full)")
+    parser.add_argument("--seconds", type=float, default=180.0,
+                        help="seconds of measurement (every evaluation of every group kept)")
+    parser.add_argument("--history-hours", type=float, default=6.0,
+                        help="hours backfilled for the rules' longest window (0: none)")
+    parser.add_argument("--rules", type=Path, default=RULES,
+                        help="directory of rule files to load (default: the shipped rules)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    prometheus = shutil.which("prometheus")
+    if prometheus is None or shutil.which("promtool") is None:
+        print("needs prometheus and promtool (Debian package prometheus)", file=sys.stderr)
+        return 2
+    template = one_node_exposition()
+    print(f"one node: {sum(1 for ln in template.splitlines() if ln and ln[0] != '#')} "
+          f"samples; {os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB "
+          f"here; load average now {os.getloadavg()[0]:.1f}", flush=True)
+    results = []
+    for n in args.nodes:
+        print(f"{n} nodes: warm-up {args.warmup:.0f} s, then {args.seconds:.0f} s measured",
+              flush=True)
+        layout = Layout(n, args.nodes_per_job)
+        results.append(run(prometheus, template, layout, args.warmup, args.seconds,
+                           args.interval, args.history_hours, args.rules))
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1))
+    report(results, args.interval)
     return 0
 
 
