@@ -14,6 +14,12 @@ default 1 s interval: the share of one core the exporter spends sampling. Times 
 sampling thread's CPU time (``time.thread_time``), not wall time: on a shared machine
 the wall time also counts the moments other processes held the CPU.
 
+``--exporter SECONDS`` measures the whole exporter instead: a real ``stepscope serve
+--simulate 8`` (diagnosis window per ``--windows``) with the largest ``--ranks`` SDK-like
+ranks (jobs of 64, each job a process sending one step per rank per second over the Unix
+ingest socket with the SDK's encoder), scraped every 15 s as Prometheus would; after the
+window has filled, its CPU time from /proc over SECONDS, as a share of one core.
+
 ``--host`` adds a scripted host source that reads a process for every rank (a distinct
 pid each, with an affinity of 8 CPUs): the worst case for the host side of the verdicts.
 """
@@ -21,6 +27,7 @@ pid each, with an affinity of 8 CPUs): the worst case for the host side of the v
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -29,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
 
+from _local import ServedExporter, TrainingJobs, gpu_uuids, load_average, scrape
 from stepscope.core.exposition import Family
 from stepscope.core.sampler import Sampler, SamplerSettings
 from stepscope.core.snapshot import Snapshot
@@ -154,6 +162,35 @@ def measure(ranks: int, window: float, timed_passes: int = 20, host: bool = Fals
     }
 
 
+def measure_exporter(ranks: int, window: float, seconds: float) -> dict[str, float]:
+    """The real exporter's CPU share and RSS with ``ranks`` ranks reporting."""
+    exporter = ServedExporter(8, env={"STEPSCOPE_DIAGNOSIS": json.dumps({"window": window})})
+    jobs = TrainingJobs(exporter.socket, gpu_uuids(exporter.port))
+    try:
+        for j in range(max(1, ranks // 64)):
+            jobs.start(f"job-{j}", min(64, ranks))
+        time.sleep(window + 15)  # the window fills, every rank is in it
+        load0 = load_average()[0]
+        sent0 = jobs.sent
+        c0, t0 = exporter.cpu_seconds(), time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            scrape(exporter.port)
+            time.sleep(min(15.0, max(0.0, seconds - (time.monotonic() - t0))))
+        cpu = (exporter.cpu_seconds() - c0) / (time.monotonic() - t0)
+        body = scrape(exporter.port)
+        present = sum(1 for ln in body.splitlines() if ln.startswith("stepscope_bottleneck{")
+                      and 'kind="compute"' in ln and 'rank="' in ln)  # fmt: skip
+        return {
+            "ranks": ranks, "window": window, "seconds": time.monotonic() - t0,
+            "cpu_pct": 100 * cpu, "rss_mb": exporter.rss_bytes() / 2**20,
+            "verdicts": present, "rate": (jobs.sent - sent0) / (time.monotonic() - t0),
+            "blocked": jobs.blocked, "load": (load0 + load_average()[0]) / 2,
+        }  # fmt: skip
+    finally:
+        jobs.stop()
+        exporter.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 256, 512])
@@ -161,7 +198,19 @@ def main() -> int:
     parser.add_argument("--passes", type=int, default=20, help="timed passes (median)")
     parser.add_argument("--host", action="store_true",
                         help="a host source reading one process per rank")  # fmt: skip
+    parser.add_argument("--exporter", type=float, metavar="SECONDS",
+                        help="measure a real exporter's CPU over SECONDS instead")
     args = parser.parse_args()
+    if args.exporter:
+        print("| ranks | window s | exporter CPU % of a core | RSS MiB | rank verdicts | "
+              "datagrams/s | queue-full sends | load average | seconds |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for window in args.windows:
+            e = measure_exporter(max(args.ranks), window, args.exporter)
+            print(f"| {e['ranks']} | {window:g} | {e['cpu_pct']:.1f} | {e['rss_mb']:.0f} | "
+                  f"{e['verdicts']:.0f} | {e['rate']:.0f} | {e['blocked']:.0f} | "
+                  f"{e['load']:.1f} | {e['seconds']:.0f} |", flush=True)
+        return 0
     print("| ranks | window s | pass ms (median) | pass ms (max) | diagnosis ms | its "
           "families ms | core share at 1 s | /api/v1/diagnosis ms, KB (once per pass) | "
           "status page ms, KB |")
