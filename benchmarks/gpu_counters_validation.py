@@ -41,38 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from _local import free_port, scrape, wait_for_exporter
+from stepscope.gpu import fields  # pure data: no NVML
 
 REPO = Path(__file__).resolve().parent.parent
 
-# NVIDIA/dcgm-exporter etc/default-counters.csv (commit d5e5f51, 2026-05-12), in its order.
-DEFAULT_COUNTERS: tuple[tuple[str, str], ...] = (
-    ("DCGM_FI_DEV_SM_CLOCK", "gauge"),
-    ("DCGM_FI_DEV_MEM_CLOCK", "gauge"),
-    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge"),
-    ("DCGM_FI_DEV_GPU_TEMP", "gauge"),
-    ("DCGM_FI_DEV_POWER_USAGE", "gauge"),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter"),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter"),
-    ("DCGM_FI_DEV_GPU_UTIL", "gauge"),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge"),
-    ("DCGM_FI_DEV_ENC_UTIL", "gauge"),
-    ("DCGM_FI_DEV_DEC_UTIL", "gauge"),
-    ("DCGM_FI_DEV_XID_ERRORS", "gauge"),
-    ("DCGM_FI_DEV_FB_FREE", "gauge"),
-    ("DCGM_FI_DEV_FB_USED", "gauge"),
-    ("DCGM_FI_DEV_FB_RESERVED", "gauge"),
-    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter"),
-    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge"),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter"),
-    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter"),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge"),
-    ("DCGM_FI_DRIVER_VERSION", "label"),
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge"),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge"),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge"),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge"),
-    ("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge"),
-)
+DEFAULT_COUNTERS = fields.DEFAULT_COUNTERS
 NEW = {"DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_FB_RESERVED",
        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
        "DCGM_FI_DRIVER_VERSION", "DCGM_FI_DEV_FB_USED"}  # FB_USED: now v2, as DCGM

@@ -18,7 +18,7 @@ import pytest
 
 from conftest import make_sampler, parse_samples
 from stepscope.core.exposition import COUNTER, GAUGE
-from stepscope.gpu.fields import DRIVER_VERSION_LABEL, FIELDS, FIELDS_BY_KEY
+from stepscope.gpu.fields import DEFAULT_COUNTERS, DRIVER_VERSION_LABEL, FIELDS, FIELDS_BY_KEY
 from stepscope.gpu.model import GpuUnavailable, Tier
 from stepscope.gpu.nvml import NvmlBackend
 from stepscope.gpu.simulated import SimulatedBackend, default_scenario
@@ -37,36 +37,6 @@ NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 VGPU = pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU
 ALL_LINKS = 0xFFFFFFFF
 
-# NVIDIA/dcgm-exporter etc/default-counters.csv (commit d5e5f51, 2026-05-12): every line
-# that is not a comment, as (field, type). The same set as etc/dcp-metrics-included.csv.
-DEFAULT_COUNTERS: tuple[tuple[str, str], ...] = (
-    ("DCGM_FI_DEV_SM_CLOCK", "gauge"),
-    ("DCGM_FI_DEV_MEM_CLOCK", "gauge"),
-    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge"),
-    ("DCGM_FI_DEV_GPU_TEMP", "gauge"),
-    ("DCGM_FI_DEV_POWER_USAGE", "gauge"),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter"),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter"),
-    ("DCGM_FI_DEV_GPU_UTIL", "gauge"),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge"),
-    ("DCGM_FI_DEV_ENC_UTIL", "gauge"),
-    ("DCGM_FI_DEV_DEC_UTIL", "gauge"),
-    ("DCGM_FI_DEV_XID_ERRORS", "gauge"),
-    ("DCGM_FI_DEV_FB_FREE", "gauge"),
-    ("DCGM_FI_DEV_FB_USED", "gauge"),
-    ("DCGM_FI_DEV_FB_RESERVED", "gauge"),
-    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter"),
-    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge"),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter"),
-    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter"),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge"),
-    ("DCGM_FI_DRIVER_VERSION", "label"),
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge"),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge"),
-    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge"),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge"),
-    ("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge"),
-)
 
 
 class Clock:

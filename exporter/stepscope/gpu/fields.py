@@ -418,6 +418,38 @@ FIELDS: tuple[FieldSpec, ...] = (
 # its DCGM_FI_* families (a "label" line of its default counters), not as a series.
 DRIVER_VERSION_LABEL = "DCGM_FI_DRIVER_VERSION"
 
+# dcgm-exporter's default counters (NVIDIA/dcgm-exporter etc/default-counters.csv, commit
+# d5e5f51, 2026-05-12; the same set as etc/dcp-metrics-included.csv): every line that is
+# not a comment, in its order, as (field, type). Each is served (a test checks it).
+DEFAULT_COUNTERS: tuple[tuple[str, str], ...] = (
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge"),
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge"),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge"),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge"),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge"),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter"),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter"),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge"),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge"),
+    ("DCGM_FI_DEV_ENC_UTIL", "gauge"),
+    ("DCGM_FI_DEV_DEC_UTIL", "gauge"),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge"),
+    ("DCGM_FI_DEV_FB_FREE", "gauge"),
+    ("DCGM_FI_DEV_FB_USED", "gauge"),
+    ("DCGM_FI_DEV_FB_RESERVED", "gauge"),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter"),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter"),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge"),
+    ("DCGM_FI_DRIVER_VERSION", "label"),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge"),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge"),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge"),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge"),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge"),
+)
+
 FIELDS_BY_KEY: dict[str, FieldSpec] = {f.key: f for f in FIELDS}
 PROFILING_KEYS: frozenset[str] = frozenset(f.key for f in FIELDS if f.profiling)
 SLOW_KEYS: frozenset[str] = frozenset(f.key for f in FIELDS if f.tier is Tier.SLOW)
