@@ -266,6 +266,9 @@ def test_the_install_notes_tell_the_namespace_label_to_set() -> None:
         "kubectl label namespace gpu-monitoring "
         "pod-security.kubernetes.io/enforce=privileged" in notes
     )
+    # what a training pod needs to report, and what pod attribution adds
+    assert "securityContext.supplementalGroups: [10001]" in notes
+    assert "Pod attribution is on" in notes and "runs as uid 0" in notes
 
 
 def test_plain_manifests_label_their_namespace_with_the_level() -> None:
