@@ -60,6 +60,10 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
+# "12 steps of 0.800 s: data_wait 12%, compute 62%, comm 19%, other 6%" (one format call)
+_STEPS_EVIDENCE = "{} steps of {:.3f} s: " + ", ".join(f"{name} {{}}" for name in PHASES)
+
+
 def _pct(v: float | None) -> str:
     return "n/a" if v is None else f"{100 * v:.0f}%"
 
@@ -549,10 +553,7 @@ def rank_verdict(
     history = {**rw.series, **(gpu.series if gpu else {})}
     ev: list[str] = []
     if rw.steps:
-        ev.append(
-            f"{rw.steps} steps of {rw.dur / rw.steps:.3f} s: "
-            + ", ".join(f"{name} {_pct(v)}" for name, v in zip(PHASES, shares, strict=True))
-        )
+        ev.append(_STEPS_EVIDENCE.format(rw.steps, rw.dur / rw.steps, *map(_pct, shares)))
     ev += _gpu_evidence(gpu)
 
     verdict = _verdict_maker(subject, ev, signals, history)
