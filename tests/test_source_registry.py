@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import make_sampler, parse_samples
 from stepscope.core.exposition import GAUGE, Family
 from stepscope.core.labels import GpuIdentity, LabelSchema, Pairs
+from stepscope.core.snapshot import BODY
 from stepscope.core.source import PartKey, ReadContext, Registry, Source, Tier
 from stepscope.core.web import make_app
 from stepscope.diagnose.analysis import DiagnosisAnalysis
@@ -235,3 +236,71 @@ def test_source_names_are_unique_and_label_safe() -> None:
 
     with pytest.raises(ValueError, match="letters, digits"):
         registry.register(Bad())
+
+
+# ------------------------------------------------------------------ rendering on demand
+
+
+class CountedFans(FanSource):
+    key = PartKey("countedfans")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renders = 0
+
+    def families(self, part: Fans, labels: LabelSchema) -> Iterable[Family]:
+        self.renders += 1
+        return super().families(part, labels)
+
+
+def test_an_exposition_nobody_asks_for_is_never_rendered_and_an_asked_one_is_ready_next_pass(
+) -> None:
+    """A 1 s sampler scraped every 15 s renders about twice per scrape, not 15 times;
+    a scraper reading every pass finds the bytes rendered ahead on the sampler thread."""
+    fans = CountedFans()
+    sampler, clock = node(fans)
+    first = sampler.sample_once()  # type: ignore[attr-defined]
+    assert first.has(BODY) and fans.renders == 1, "the first pass is rendered ahead"
+    passes = []
+    for _ in range(14):  # passes nobody scrapes
+        clock.t += 1.0
+        passes.append(sampler.sample_once())  # type: ignore[attr-defined]
+    assert fans.renders == 1 and not any(p.has(BODY) for p in passes)
+    # a snapshot rendered late is still its own pass's, not the latest one's
+    old = passes[3]
+    fams = parse_samples(old.body.decode())
+    (_, stamp), = fams["stepscope_last_collect_timestamp_seconds"]
+    assert stamp == old.snapshot.timestamp and fans.renders == 2
+    assert old.body is old.body and fans.renders == 2, "rendered once"
+    # the scrape of the latest pass: rendered then; the next pass is rendered ahead
+    latest = passes[-1]
+    assert b"stepscope_fan_rpm" in latest.body and fans.renders == 3
+    clock.t += 1.0
+    ahead = sampler.sample_once()  # type: ignore[attr-defined]
+    assert ahead.has(BODY) and not ahead.requested and fans.renders == 4
+    clock.t += 1.0
+    sampler.sample_once()  # type: ignore[attr-defined]
+    assert fans.renders == 4, "nobody asked for the one rendered ahead: no more renders"
+
+
+def test_concurrent_scrapes_of_an_unrendered_snapshot_render_it_once() -> None:
+    fans = CountedFans()
+    sampler, clock = node(fans)
+    sampler.sample_once()  # type: ignore[attr-defined]
+    clock.t += 1.0
+    latest = sampler.sample_once()  # type: ignore[attr-defined]
+    renders = fans.renders
+    app = make_app(sampler, clock=clock)  # type: ignore[arg-type]
+
+    async def scrape_many() -> set[bytes]:
+        async with TestClient(TestServer(app)) as client:
+            async def one(gz: bool) -> bytes:
+                headers = {"Accept-Encoding": "gzip" if gz else "identity"}
+                resp = await client.get("/metrics", headers=headers)
+                assert resp.status == 200
+                return await resp.read()  # aiohttp decompresses gzip
+
+            return set(await asyncio.gather(*(one(i % 2 == 0) for i in range(8))))
+
+    bodies = asyncio.run(scrape_many())
+    assert bodies == {latest.body} and fans.renders == renders + 1

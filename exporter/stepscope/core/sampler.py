@@ -277,7 +277,17 @@ class Sampler:
         )
         results = self._analyse(snapshot, health)
         snapshot = replace(snapshot, health=health, collect_duration_seconds=self._clock() - start)
-        published = Published(snapshot, results, render(self._render(live, labels, snapshot)))
+        # what this pass rendered from, fixed now: entries and analyses move on next pass
+        pieces = [(entry, entry.part) for entry in live]
+        analysed = [(timed, timed.result) for timed in self._analyses]
+
+        def exposition() -> bytes:
+            return render(self._render(pieces, analysed, labels, snapshot))
+
+        published = Published(snapshot, results, exposition)
+        previous = self._latest
+        if previous is None or previous.requested:
+            published.render()  # read every pass (or the first): ready before it is asked
         self._latest = published
         self.passes += 1
         return published
@@ -301,17 +311,22 @@ class Sampler:
                 results[name] = timed.result
         return results
 
-    def _render(self, live: list[_Entry], labels: LabelSchema, snapshot: Snapshot
-                ) -> list[Family]:  # fmt: skip
+    def _render(
+        self,
+        pieces: list[tuple[_Entry, Any]],
+        analysed: list[tuple[_Timed, Any]],
+        labels: LabelSchema,
+        snapshot: Snapshot,
+    ) -> list[Family]:
         families: list[Family] = []
-        for entry in live:
+        for entry, part in pieces:
             source = entry.source
-            families += self._families(entry, source.name, source.families, entry.part, labels)
-        for timed in self._analyses:
+            families += self._families(entry, source.name, source.families, part, labels)
+        for timed, result in analysed:
             analysis = timed.analysis
-            if timed.result is not None:
+            if result is not None:
                 families += self._families(
-                    timed, analysis.name, analysis.families, timed.result, snapshot
+                    timed, analysis.name, analysis.families, result, snapshot
                 )
         families += health_families(snapshot, self._build_labels)
         families += process_families()

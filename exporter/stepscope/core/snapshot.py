@@ -19,6 +19,9 @@ from stepscope.core.source import PartKey, SourceHealth
 
 T = TypeVar("T")
 
+# the memo key of the /metrics exposition
+BODY = "body"
+
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
@@ -50,19 +53,53 @@ class Snapshot:
 
 
 class Published:
-    """A snapshot, its analyses' results and its exposition, rendered once, served many
-    times. Other renderings (the gzip form, JSON, the status page) are made on the first
-    request that asks for them and kept for the life of this snapshot.
+    """A snapshot, its analyses' results and its exposition, rendered at most once,
+    served many times. The exposition is rendered when first asked for, unless the
+    sampler rendered it ahead (it does when the previous snapshot's was asked for: a
+    scraper reading every pass gets bytes ready, a 15 s scrape of a 1 s sampler does not
+    make 14 renders nobody reads). Other renderings (the gzip form, JSON, the status
+    page) are made on the first request that asks for them and kept for the life of
+    this snapshot.
     """
 
-    __slots__ = ("_lock", "_memo", "body", "results", "snapshot")
+    __slots__ = ("_lock", "_make_body", "_memo", "requested", "results", "snapshot")
 
-    def __init__(self, snapshot: Snapshot, results: Mapping[str, object], body: bytes) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        results: Mapping[str, object],
+        body: bytes | Callable[[], bytes],
+    ) -> None:
         self.snapshot = snapshot
         self.results = results
-        self.body = body
         self._memo: dict[object, Any] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a rendering may need another (gzip: the body)
+        # whether anyone asked for the exposition (the sampler's rendering ahead is not asking)
+        self.requested = False
+        self._make_body: Callable[[], bytes] | None = None
+        if isinstance(body, bytes):
+            self._memo[BODY] = body
+        else:
+            self._make_body = body
+
+    @property
+    def body(self) -> bytes:
+        """The ``/metrics`` exposition (rendered now if nobody has yet)."""
+        self.requested = True
+        return self.render()
+
+    def render(self) -> bytes:
+        """The exposition, rendered once; does not count as a request."""
+        return self.memo(BODY, self._render_body)
+
+    def _render_body(self) -> bytes:
+        make, self._make_body = self._make_body, None  # the parts it holds can go
+        assert make is not None
+        return make()
+
+    def has(self, key: object) -> bool:
+        """Whether the rendering ``key`` (:data:`BODY`, ``"gzip"``, a page's) exists."""
+        return key in self._memo
 
     def result(self, name: str, kind: type[T]) -> T | None:
         """The result of the analysis ``name`` if it is a ``kind``, else None."""

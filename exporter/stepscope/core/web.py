@@ -8,16 +8,19 @@ rendered at most once per snapshot (and readiness): many clients cost one render
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from stepscope.core.exposition import CONTENT_TYPE
-from stepscope.core.snapshot import Published
+from stepscope.core.snapshot import BODY, Published
+
+T = TypeVar("T")
 
 STALE_INTERVALS = 3.0
 
@@ -48,6 +51,15 @@ class Page:
 
     content_type: str
     render: Callable[[Published | None, str], bytes]
+
+
+async def _off_loop(latest: Published, key: object, make: Callable[[], T]) -> T:
+    """``make()``: at once when the rendering ``key`` of ``latest`` exists, else on a
+    worker thread, so a large rendering (hundreds of ranks: tens of ms) holds up no other
+    request on the loop. Concurrent requests for the same rendering make it once."""
+    if latest.has(key):
+        return make()
+    return await asyncio.get_running_loop().run_in_executor(None, make)
 
 
 def _accepts_gzip(request: web.Request) -> bool:
@@ -85,8 +97,10 @@ def make_app(
         headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding", **NOSNIFF}
         if _accepts_gzip(request):
             headers["Content-Encoding"] = "gzip"
-            return web.Response(body=latest.gzipped(), headers=headers)
-        return web.Response(body=latest.body, headers=headers)
+            body = await _off_loop(latest, "gzip", latest.gzipped)
+        else:
+            body = await _off_loop(latest, BODY, lambda: latest.body)
+        return web.Response(body=body, headers=headers)
 
     async def healthz(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -102,7 +116,10 @@ def make_app(
             if latest is None:
                 body = page.render(None, reason)
             else:  # once per snapshot and readiness state: a stale page says it once
-                body = latest.memo((path, ok), lambda: page.render(latest, reason))
+                key = (path, ok)
+                body = await _off_loop(
+                    latest, key, lambda: latest.memo(key, lambda: page.render(latest, reason))
+                )
             return web.Response(
                 body=body, headers={"Content-Type": page.content_type, **PAGE_SECURITY}
             )
