@@ -11,7 +11,7 @@ from pathlib import Path
 from conftest import REPO, parse_samples
 from stepscope.core.exposition import render
 from stepscope.host.model import Pressure, parse_pressure
-from stepscope.host.source import HostSource
+from stepscope.host.source import HostSource, children_by_parent
 from stepscope.net.metrics import rdma_families
 from stepscope.net.rdma import read_rdma_ports
 
@@ -92,3 +92,37 @@ def test_a_rank_process_reads_its_dataloader_workers_and_their_cpu() -> None:
         idle.kill()
         busy.wait()
         idle.wait()
+
+
+def test_children_are_found_in_one_pass_over_proc_whatever_the_command_is_called(
+    tmp_path: Path,
+) -> None:
+    """/proc/<pid>/stat's comm may hold spaces and parentheses; entries that are not
+    processes, or vanish mid-read, are skipped."""
+    proc = tmp_path / "proc"
+    stats = {
+        "10": "10 (python) S 1 10 10 0",
+        "11": "11 (pt_data_worker) R 10 10 10 0",
+        "12": "12 (a) b (c) S 10 10 10 0",  # a command named "a) b (c"
+        "13": "13 (other) S 2 13 13 0",
+        "14": "14 (garbled",  # no ppid: skipped
+    }
+    for pid, text in stats.items():
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "stat").write_text(text)
+    (proc / "15").mkdir()  # ended between the listing and the read: no stat file
+    (proc / "self").mkdir()
+    (proc / "٣").mkdir()  # a non-ASCII digit is no pid
+    assert {k: sorted(v) for k, v in children_by_parent(proc).items()} == {
+        1: [10], 10: [11, 12], 2: [13]}
+    only = children_by_parent(proc, parents=frozenset({10}))
+    assert list(only) == [10] and sorted(only[10]) == [11, 12]
+    assert children_by_parent(tmp_path / "absent") == {}
+    # the real /proc: this process's children, as psutil finds them
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        found = children_by_parent(parents=frozenset({os.getpid()}))
+        assert child.pid in found[os.getpid()]
+    finally:
+        child.kill()
+        child.wait()

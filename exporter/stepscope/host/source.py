@@ -3,12 +3,14 @@
 Read by the sampler thread once per pass (never by a scrape). CPU figures are
 deltas since the previous read, so the first read reports the time since boot
 for the CPUs and nothing for processes not seen before. Every read is a few
-``/proc`` files plus, per training rank, one scan for its children (psutil).
+``/proc`` files plus, when there are training ranks, one scan of ``/proc`` for
+their children (psutil's ``children()`` scans it once per call: once per rank).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -46,11 +48,39 @@ def _busy(prev: Any, cur: Any) -> tuple[float, float]:
 
 @dataclass(slots=True)
 class _Tracked:
-    """A rank's process and the CPU seconds seen of it and its children."""
+    """A rank's process, the CPU seconds seen of it and of its children, and the
+    children known to be multiprocessing's helpers (their command line read once)."""
 
     proc: psutil.Process
     cpu: float
     children: dict[int, tuple[psutil.Process, float]] = field(default_factory=dict)
+    helpers: set[int] = field(default_factory=set)
+
+
+def children_by_parent(proc: Path = Path("/proc"), parents: frozenset[int] | None = None
+                       ) -> dict[int, list[int]]:  # fmt: skip
+    """Every process's children, from one pass over ``/proc/<pid>/stat``; only those of
+    ``parents`` when given. A process that ends meanwhile is skipped."""
+    out: dict[int, list[int]] = {}
+    try:
+        entries = os.scandir(proc)
+    except OSError:
+        return out
+    with entries:
+        for entry in entries:
+            name = entry.name
+            if not (name.isascii() and name.isdigit()):
+                continue
+            try:
+                with open(os.path.join(entry.path, "stat"), "rb") as f:
+                    stat = f.read(4096)
+                # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                ppid = int(stat[stat.rindex(b")") + 2 :].split(b" ", 2)[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if parents is None or ppid in parents:
+                out.setdefault(ppid, []).append(int(name))
+    return out
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:
@@ -84,7 +114,7 @@ class HostSource(Source[HostReading]):
         except OSError:  # no PSI on this kernel (or disabled): absent, not zero
             return None
 
-    def _process(self, pid: int, dt: float) -> ProcessReading | None:
+    def _process(self, pid: int, dt: float, child_pids: list[int]) -> ProcessReading | None:
         tracked = self._procs.get(pid)
         try:
             if tracked is None:
@@ -92,21 +122,29 @@ class HostSource(Source[HostReading]):
                 tracked = self._procs[pid] = _Tracked(proc, _cpu_seconds(proc))
                 main = 0.0
             else:
+                if not tracked.proc.is_running():  # ended, or its pid reused
+                    raise psutil.NoSuchProcess(pid)
                 cpu = _cpu_seconds(tracked.proc)
                 main, tracked.cpu = max(0.0, cpu - tracked.cpu), cpu
-            children = tracked.proc.children()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             self._procs.pop(pid, None)
             return None
         workers = 0
         workers_cpu = 0.0
         seen: dict[int, tuple[psutil.Process, float]] = {}
-        for child in children:
+        helpers = tracked.helpers
+        tracked.helpers = helpers & set(child_pids)
+        for child_pid in child_pids:
+            if child_pid in helpers:
+                continue
             try:
-                if any(h in " ".join(child.cmdline()) for h in _HELPERS):
+                known = tracked.children.get(child_pid)
+                child = known[0] if known is not None else psutil.Process(child_pid)
+                if known is None and any(h in " ".join(child.cmdline()) for h in _HELPERS):
+                    tracked.helpers.add(child_pid)
                     continue
                 cpu = _cpu_seconds(child)
-                prev = tracked.children.get(child.pid)
+                prev = known
                 # a child seen for the first time is only a baseline: its CPU before
                 # this interval can't be told apart (create_time is only as exact as
                 # the boot time's whole second), and counting it read 3.5 cores on 2
@@ -148,8 +186,9 @@ class HostSource(Source[HostReading]):
         for gone in set(self._procs) - wanted:
             del self._procs[gone]
         processes: dict[int, ProcessReading] = {}
+        children = children_by_parent(parents=frozenset(wanted)) if wanted else {}
         for pid in sorted(wanted):
-            reading = self._process(pid, dt)
+            reading = self._process(pid, dt, children.get(pid, []))
             if reading is not None:
                 processes[pid] = reading
         return HostReading(
