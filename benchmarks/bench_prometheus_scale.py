@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import yaml
 
 from _local import free_port, get
 
@@ -298,8 +299,10 @@ def seconds_of(interval: str) -> float:
 
 
 def run(prometheus: str, template: str, layout: Layout, warmup: float, seconds: float,
-        interval: str, history_hours: float, rules: Path = RULES) -> dict[str, Any]:
+        interval: str, history_hours: float, rules: Path = RULES,
+        compare: list[Path] | None = None) -> dict[str, Any]:
     interval_s = seconds_of(interval)
+    compare = [rules, *compare] if compare else []
     tmp = Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
     fleet_port = free_port()
     receive, send = multiprocessing.Pipe(duplex=False)
@@ -351,7 +354,7 @@ def run(prometheus: str, template: str, layout: Layout, warmup: float, seconds: 
                 time.sleep(0.5)
         assert fleet.pid is not None
         return measure(url, proc.pid, fleet.pid, layout, warmup, seconds, interval_s,
-                       body_bytes)
+                       body_bytes, compare)
     finally:
         if proc is not None:
             proc.terminate()
@@ -361,8 +364,37 @@ def run(prometheus: str, template: str, layout: Layout, warmup: float, seconds: 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def one_by_one(url: str, rules: Path, rounds: int,
+               interval_s: float) -> dict[str, dict[str, float]]:
+    """Each rule of `rules` evaluated alone through the query API, `rounds` times in turn:
+    group -> {"ms": sum of the rules' median times, "samples": samples they read, "per_min":
+    ms per minute at the group's interval}. Rule sets compared this way see the same data
+    on the same machine at the same time."""
+    groups = [g for path in sorted(rules.glob("*.yml"))
+              for g in yaml.safe_load(path.read_text())["groups"]]
+    exprs = [(g["name"], rule["expr"]) for g in groups for rule in g["rules"]]
+    per_min = {g["name"]: 60 / seconds_of(g.get("interval", f"{interval_s:g}s")) for g in groups}
+    times: list[list[float]] = [[] for _ in exprs]
+    samples = [0] * len(exprs)
+    for _ in range(rounds):
+        for i, (_, expr) in enumerate(exprs):
+            # count() keeps the answer small: the engine's own time, not JSON of 32,000 series
+            q = urllib.parse.urlencode({"query": f"count(({expr}))", "stats": "all"})
+            stats = json.loads(get(f"{url}/api/v1/query?{q}", timeout=120))["data"]["stats"]
+            times[i].append(float(stats["timings"]["evalTotalTime"]))
+            samples[i] = int(stats["samples"]["totalQueryableSamples"])
+    out: dict[str, dict[str, float]] = {}
+    for (group, _), t, n in zip(exprs, times, samples, strict=True):
+        entry = out.setdefault(group, {"ms": 0.0, "samples": 0, "per_min": 0.0})
+        entry["ms"] += 1000 * statistics.median(t)
+        entry["samples"] += n
+        entry["per_min"] += 1000 * statistics.median(t) * per_min[group]
+    return out
+
+
 def measure(url: str, prom_pid: int, fleet_pid: int, layout: Layout, warmup: float,
-            seconds: float, interval_s: float, body_bytes: int) -> dict[str, Any]:
+            seconds: float, interval_s: float, body_bytes: int,
+            compare: list[Path]) -> dict[str, Any]:
     def query(q: str) -> list[dict[str, Any]]:
         body = json.loads(get(f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": q}),
                               timeout=120))
@@ -439,7 +471,10 @@ def measure(url: str, prom_pid: int, fleet_pid: int, layout: Layout, warmup: flo
         "interval_p99_s": scalar(
             'max(prometheus_target_interval_length_seconds{quantile="0.99"})'),
         "eval_failures": scalar(f"sum(prometheus_rule_evaluation_failures_total{p})"),
-        "missed_iterations": scalar(f"sum(prometheus_rule_group_iterations_missed_total{p})"),
+        "missed_iterations": {
+            s["metric"]["rule_group"].split(";")[-1]: round(float(s["value"][1])) for s in query(
+                f"increase(prometheus_rule_group_iterations_missed_total{p}[{window}])")},
+        "compare": {str(d): one_by_one(url, d, 5, interval_s) for d in compare},
         "cpu_cores": {k: v / elapsed for k, v in cpu.items()},
         "load_warmup": [min(warm_loads, default=0), max(warm_loads, default=0)],
         "load_measure": [min(loads), max(loads)],
@@ -470,13 +505,13 @@ def report(results: list[dict[str, Any]], interval: str) -> None:
     for r in results:
         print(f"\n{r['nodes']:,} nodes: rule groups over {r['seconds']:.0f} s "
               f"(targets up {r['targets_up']:.0f}, evaluation failures "
-              f"{r['eval_failures']:.0f}, missed iterations {r['missed_iterations']:.0f}, "
+              f"{r['eval_failures']:.0f}, "
               f"load during warm-up {r['load_warmup'][0]:.1f}-{r['load_warmup'][1]:.1f})")
-        print("\n| group | evaluations | p50 ms | max ms |")
-        print("|---|---|---|---|")
+        print("\n| group | evaluations | p50 ms | max ms | iterations missed |")
+        print("|---|---|---|---|---|")
         for g, v in r["groups_s"].items():
             print(f"| {g} | {len(v)} | {1000 * statistics.median(v):.0f} "
-                  f"| {1000 * max(v):.0f} |")
+                  f"| {1000 * max(v):.0f} | {r['missed_iterations'].get(g, 0)} |")
         print("\n| costliest rules (ms) | p50 | max |")
         print("|---|---|---|")
         ranked = sorted(r["rules_s"].items(), key=lambda kv: -statistics.median(kv[1]))
@@ -484,6 +519,21 @@ def report(results: list[dict[str, Any]], interval: str) -> None:
             print(f"| {name} | {1000 * statistics.median(v):.0f} | {1000 * max(v):.0f} |")
         print("\nalerts at the end:", ", ".join(f"{k} {v}" for k, v in sorted(r["alerts"].items()))
               or "none")
+    for r in results:
+        if not r["compare"]:
+            continue
+        sets = list(r["compare"])
+        print(f"\n{r['nodes']:,} nodes, each rule alone (sum of medians of 5, ms; samples "
+              "read): " + " vs ".join(sets))
+        print("\n| group | " + " | ".join(sets) + " |")
+        print("|---|" + "---|" * len(sets))
+        for g in sorted({g for c in r["compare"].values() for g in c}):
+            cells = [f"{c[g]['ms']:.0f} ({c[g]['samples']:,.0f})" if g in c else ""
+                     for c in r["compare"].values()]
+            print(f"| {g} | " + " | ".join(cells) + " |")
+        print("| all, ms per minute at the groups' intervals | " + " | ".join(
+            f"{sum(e['per_min'] for e in c.values()):,.0f}" for c in r["compare"].values())
+            + " |")
     print("\n| query (ms, median of 7) | " + " | ".join(f"{r['nodes']:,} nodes" for r in results)
           + " |")
     print("|---|" + "---|" * len(results))
@@ -505,6 +555,9 @@ def main() -> int:
                         help="hours backfilled for the rules' longest window (0: none)")
     parser.add_argument("--rules", type=Path, default=RULES,
                         help="directory of rule files to load (default: the shipped rules)")
+    parser.add_argument("--compare", type=Path, nargs="*", default=[],
+                        help="other rule directories: after the run, evaluate every rule of "
+                             "--rules and of these alone through the query API, in turn")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     prometheus = shutil.which("prometheus")
@@ -521,7 +574,7 @@ def main() -> int:
               flush=True)
         layout = Layout(n, args.nodes_per_job)
         results.append(run(prometheus, template, layout, args.warmup, args.seconds,
-                           args.interval, args.history_hours, args.rules))
+                           args.interval, args.history_hours, args.rules, args.compare))
         if args.json:
             args.json.write_text(json.dumps(results, indent=1))
     report(results, args.interval)
