@@ -51,7 +51,6 @@ from _local import (
     TrainingJobs,
     gpu_uuids,
     load_average,
-    proc_cpu_seconds,
     scrape,
 )
 
@@ -259,7 +258,8 @@ def soak(minutes: float, ranks: int, hostile_rate: float, idle: int, warmup_min:
             ends[name] = t0 + rng.uniform(120, 360)
         idlers.start()
         scrape_thread.start()
-        hostile.start()
+        if hostile_rate > 0:
+            hostile.start()
         warm_at = t0 + warmup_min * 60
         end_at = t0 + minutes * 60
         next_report = t0 + 60
@@ -325,6 +325,11 @@ def soak(minutes: float, ranks: int, hostile_rate: float, idle: int, warmup_min:
             "cpu_pct": 100 * (cpu_end - cpu_warm) / (end_time - warm_time),
             "hostile_sent": int(hostile_counts[0]), "hostile_queue_full": int(hostile_counts[1]),
             "rejected": counter_sum(text, "stepscope_ingest_rejected_total"),
+            "by_reason": {
+                reason: float(v) for reason, v in re.findall(
+                    r'^stepscope_ingest_rejected_total\{reason="([^"]+)"\} (\S+)$', text, re.M)
+                if float(v)
+            },
             "accepted": counter_sum(text, "stepscope_ingest_datagrams_total"),
             "kernel_dropped": counter_sum(text, "stepscope_ingest_kernel_dropped_total"),
             "http_rejected": counter_sum(text, "stepscope_http_connections_rejected_total"),
@@ -334,8 +339,7 @@ def soak(minutes: float, ranks: int, hostile_rate: float, idle: int, warmup_min:
             "series": sum(1 for ln in text.splitlines() if ln and ln[0] != "#"),
             "load_mean": statistics.mean(loads) if loads else load_average()[0],
             "load_max": max(loads, default=0.0), "cpus": os.cpu_count(),
-            "sender_cpu_s": proc_cpu_seconds(os.getpid()),
-        }  # fmt: skip
+        }
         return result
     finally:
         stop.set()
@@ -384,6 +388,7 @@ def main() -> int:
         ("hostile datagrams sent (lost to a full queue)",
          f"{r['hostile_sent']:,} ({r['hostile_queue_full']:,})", ""),
         ("rejects counted by the exporter", f"{r['rejected']:,.0f}", "= hostile sent"),
+        ("rejects by reason", ", ".join(f"{k} {v:,.0f}" for k, v in r["by_reason"].items()), ""),
         ("datagrams accepted / dropped by the kernel",
          f"{r['accepted']:,.0f} / {r['kernel_dropped']:,.0f}", ""),
         ("idle connections reopened (failed to open)",
