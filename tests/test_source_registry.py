@@ -17,7 +17,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import make_sampler, parse_samples
 from stepscope.core.exposition import GAUGE, Family
 from stepscope.core.labels import GpuIdentity, LabelSchema, Pairs
-from stepscope.core.snapshot import BODY
+from stepscope.core.sampler import RENDER_AHEAD_PASSES
+from stepscope.core.snapshot import BODY, GZIP
 from stepscope.core.source import PartKey, ReadContext, Registry, Source, Tier
 from stepscope.core.web import make_app
 from stepscope.diagnose.analysis import DiagnosisAnalysis
@@ -255,8 +256,10 @@ class CountedFans(FanSource):
 
 def test_an_exposition_nobody_asks_for_is_never_rendered_and_an_asked_one_is_ready_next_pass(
 ) -> None:
-    """A 1 s sampler scraped every 15 s renders about twice per scrape, not 15 times;
-    a scraper reading every pass finds the bytes rendered ahead on the sampler thread."""
+    """A 1 s sampler scraped every 15 s renders a few times per scrape, not 15 times;
+    a scraper reading every pass (even one drifting past a pass now and then) finds the
+    bytes rendered ahead on the sampler thread."""
+    ahead = RENDER_AHEAD_PASSES
     fans = CountedFans()
     sampler, clock = node(fans)
     first = sampler.sample_once()  # type: ignore[attr-defined]
@@ -265,30 +268,32 @@ def test_an_exposition_nobody_asks_for_is_never_rendered_and_an_asked_one_is_rea
     for _ in range(14):  # passes nobody scrapes
         clock.t += 1.0
         passes.append(sampler.sample_once())  # type: ignore[attr-defined]
-    assert fans.renders == 1 and not any(p.has(BODY) for p in passes)
+    assert [p.has(BODY) for p in passes] == [True] * ahead + [False] * (14 - ahead)
+    assert fans.renders == 1 + ahead
     # a snapshot rendered late is still its own pass's, not the latest one's
-    old = passes[3]
+    old = passes[ahead + 2]
     fams = parse_samples(old.body.decode())
     (_, stamp), = fams["stepscope_last_collect_timestamp_seconds"]
-    assert stamp == old.snapshot.timestamp and fans.renders == 2
-    assert old.body is old.body and fans.renders == 2, "rendered once"
-    # the scrape of the latest pass: rendered then; the next pass is rendered ahead
-    latest = passes[-1]
-    assert b"stepscope_fan_rpm" in latest.body and fans.renders == 3
-    clock.t += 1.0
-    ahead = sampler.sample_once()  # type: ignore[attr-defined]
-    assert ahead.has(BODY) and not ahead.requested and fans.renders == 4
-    clock.t += 1.0
-    sampler.sample_once()  # type: ignore[attr-defined]
-    assert fans.renders == 4, "nobody asked for the one rendered ahead: no more renders"
+    assert stamp == old.snapshot.timestamp and fans.renders == 2 + ahead
+    assert old.body is old.body and fans.renders == 2 + ahead, "rendered once"
+    # the scrape of the latest pass renders it then; the next passes are rendered ahead
+    # (with the gzip form when that was asked for), until nobody has asked for a while
+    assert passes[-1].gzipped() and fans.renders == 3 + ahead
+    after = []
+    for _ in range(ahead + 3):
+        clock.t += 1.0
+        after.append(sampler.sample_once())  # type: ignore[attr-defined]
+    assert [p.has(GZIP) for p in after] == [True] * (ahead + 1) + [False] * 2
+    assert not any(p.requested for p in after) and fans.renders == 4 + 2 * ahead
 
 
 def test_concurrent_scrapes_of_an_unrendered_snapshot_render_it_once() -> None:
     fans = CountedFans()
     sampler, clock = node(fans)
-    sampler.sample_once()  # type: ignore[attr-defined]
-    clock.t += 1.0
-    latest = sampler.sample_once()  # type: ignore[attr-defined]
+    for _ in range(RENDER_AHEAD_PASSES + 2):
+        clock.t += 1.0
+        latest = sampler.sample_once()  # type: ignore[attr-defined]
+    assert not latest.has(BODY)
     renders = fans.renders
     app = make_app(sampler, clock=clock)  # type: ignore[arg-type]
 

@@ -37,6 +37,9 @@ from stepscope.core.source import (
     Tier,
 )
 
+# Passes after the last one read for which the sampler still renders ahead.
+RENDER_AHEAD_PASSES = 2
+
 log = logging.getLogger("stepscope.sampler")
 
 
@@ -106,6 +109,9 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
+        # the last pass whose exposition (or its gzip form) someone asked for
+        self._asked_pass = -RENDER_AHEAD_PASSES - 1
+        self._gzip_asked_pass = -RENDER_AHEAD_PASSES - 1
 
     @property
     def latest(self) -> Published | None:
@@ -287,7 +293,15 @@ class Sampler:
         published = Published(snapshot, results, exposition)
         previous = self._latest
         if previous is None or previous.requested:
-            published.render()  # read every pass (or the first): ready before it is asked
+            self._asked_pass = self.passes
+        if previous is not None and previous.gzip_requested:
+            self._gzip_asked_pass = self.passes
+        # What was read in the last few passes is made ready before it is asked for (a
+        # scraper whose period drifts past the interval skips a pass now and then).
+        published.render_ahead(
+            body=self.passes - self._asked_pass <= RENDER_AHEAD_PASSES,
+            gzipped=self.passes - self._gzip_asked_pass <= RENDER_AHEAD_PASSES,
+        )
         self._latest = published
         self.passes += 1
         return published

@@ -19,8 +19,9 @@ from stepscope.core.source import PartKey, SourceHealth
 
 T = TypeVar("T")
 
-# the memo key of the /metrics exposition
+# the memo keys of the /metrics exposition and of its gzip form
 BODY = "body"
+GZIP = "gzip"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +56,16 @@ class Snapshot:
 class Published:
     """A snapshot, its analyses' results and its exposition, rendered at most once,
     served many times. The exposition is rendered when first asked for, unless the
-    sampler rendered it ahead (it does when the previous snapshot's was asked for: a
-    scraper reading every pass gets bytes ready, a 15 s scrape of a 1 s sampler does not
-    make 14 renders nobody reads). Other renderings (the gzip form, JSON, the status
-    page) are made on the first request that asks for them and kept for the life of
-    this snapshot.
+    sampler rendered it ahead (it does while recent snapshots' were asked for: a scraper
+    reading every pass gets bytes ready, a 15 s scrape of a 1 s sampler does not make 14
+    renders nobody reads); the gzip form likewise. Other renderings (JSON, the
+    status page) are made on the first request that asks for them and kept for the life
+    of this snapshot.
     """
 
-    __slots__ = ("_lock", "_make_body", "_memo", "requested", "results", "snapshot")
+    __slots__ = (
+        "_lock", "_make_body", "_memo", "gzip_requested", "requested", "results", "snapshot"
+    )
 
     def __init__(
         self,
@@ -76,6 +79,7 @@ class Published:
         self._lock = threading.RLock()  # a rendering may need another (gzip: the body)
         # whether anyone asked for the exposition (the sampler's rendering ahead is not asking)
         self.requested = False
+        self.gzip_requested = False
         self._make_body: Callable[[], bytes] | None = None
         if isinstance(body, bytes):
             self._memo[BODY] = body
@@ -98,7 +102,7 @@ class Published:
         return make()
 
     def has(self, key: object) -> bool:
-        """Whether the rendering ``key`` (:data:`BODY`, ``"gzip"``, a page's) exists."""
+        """Whether the rendering ``key`` (:data:`BODY`, :data:`GZIP`, a page's) exists."""
         return key in self._memo
 
     def result(self, name: str, kind: type[T]) -> T | None:
@@ -119,4 +123,18 @@ class Published:
 
     def gzipped(self) -> bytes:
         """The body gzip-compressed (level 1: the text compresses ~10x anyway)."""
-        return self.memo("gzip", lambda: gzip.compress(self.body, compresslevel=1, mtime=0))
+        self.requested = True
+        self.gzip_requested = True
+        return self.render_gzip()
+
+    def render_gzip(self) -> bytes:
+        """The gzip form, made once; does not count as a request."""
+        return self.memo(GZIP, lambda: gzip.compress(self.render(), compresslevel=1, mtime=0))
+
+    def render_ahead(self, body: bool, gzipped: bool) -> None:
+        """Make now, on the caller's thread, the renderings recent snapshots were asked
+        for: a scraper reading every pass then finds its bytes (gzip too) ready."""
+        if gzipped:
+            self.render_gzip()
+        elif body:
+            self.render()

@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from stepscope.core.exposition import CONTENT_TYPE
-from stepscope.core.snapshot import BODY, Published
+from stepscope.core.snapshot import BODY, GZIP, Published
 
 T = TypeVar("T")
 
@@ -97,7 +97,7 @@ def make_app(
         headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding", **NOSNIFF}
         if _accepts_gzip(request):
             headers["Content-Encoding"] = "gzip"
-            body = await _off_loop(latest, "gzip", latest.gzipped)
+            body = await _off_loop(latest, GZIP, latest.gzipped)
         else:
             body = await _off_loop(latest, BODY, lambda: latest.body)
         return web.Response(body=body, headers=headers)
