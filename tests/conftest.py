@@ -74,6 +74,22 @@ def exporters() -> Iterator[list[Exporter]]:
             exp.proc.wait()
 
 
+# Every exporter process the tests started: one a test forgot to stop (a failed assertion
+# before its finally) is killed when the run ends, so none outlives it. (Per session, not
+# per test: module fixtures share an exporter between tests.)
+_STARTED: list[subprocess.Popen[str]] = []
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_exporter_outlives_the_run() -> Iterator[None]:
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def start_exporter(
     args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 30.0
 ) -> Exporter:
@@ -87,6 +103,7 @@ def start_exporter(
         text=True,
         env=full_env,
     )
+    _STARTED.append(proc)
     lines: list[str] = []
     deadline = time.monotonic() + timeout
     assert proc.stderr is not None
