@@ -51,14 +51,17 @@ def test_silent_connections_past_the_cap_are_refused_and_the_rest_time_out(
         # every one of them is closed: refused at accept, or timed out after 1 s
         wait_for(lambda: all(_closed_by_peer(s) for s in silent), timeout=15, interval=0.2)
 
-        def timed_out() -> dict[str, float] | None:
+        def all_counted() -> dict[str, float] | None:
+            # the 20 admitted time out together, but are counted by as many callbacks:
+            # a pass can publish between the first and the last of them
             counts = _http(exporter)
-            return counts if counts["stepscope_http_connections_timed_out_total"] else None
+            closed = (counts["stepscope_http_connections_rejected_total"]
+                      + counts["stepscope_http_connections_timed_out_total"])
+            return counts if closed >= 60 else None
 
-        counts = wait_for(timed_out, timeout=10)
+        counts = wait_for(all_counted, timeout=10)
         assert counts["stepscope_http_connections_rejected_total"] >= 40
-        assert counts["stepscope_http_connections_rejected_total"] + counts[
-            "stepscope_http_connections_timed_out_total"] >= 60
+        assert counts["stepscope_http_connections_timed_out_total"] >= 1
         assert counts["stepscope_http_max_connections"] == 20
     finally:
         for s in silent:
