@@ -222,12 +222,27 @@ def unshare_pid() -> list[str]:
     return cmd
 
 
+# A rank in its own PID namespace: sends one step, then lives on (as a rank does) until
+# the test closes its stdin, so the exporter can read its NSpid.
 SEND_OWN_PID = """
 import json, os, socket, sys
 d = json.loads(sys.argv[2]); d["pid"] = os.getpid() if sys.argv[3] == "own" else 4242
 socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(json.dumps(d).encode(), sys.argv[1])
-print(os.getpid())
+print(os.getpid(), flush=True)
+sys.stdin.read()
 """
+
+
+def contained_rank(cmd: list[str], path: Path, datagram: str, pid: str) -> subprocess.Popen[str]:
+    """Start a rank below our PID namespace that sends ``datagram``; close its stdin to end it."""
+    return subprocess.Popen([*cmd, sys.executable, "-c", SEND_OWN_PID, str(path), datagram, pid],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def end(rank: subprocess.Popen[str]) -> None:
+    assert rank.stdin is not None
+    rank.stdin.close()
+    assert rank.wait(timeout=60) == 0
 
 
 def test_a_rank_in_a_container_below_the_exporter_reports_its_own_pid(
@@ -240,16 +255,21 @@ def test_a_rank_in_a_container_below_the_exporter_reports_its_own_pid(
     path = sock_dir / "ingest.sock"
     exp = serve(exporters, f"unix://{path}")
     d = json.dumps(step("ctr", 0, 0, time.time(), None))
-    own = subprocess.run([*cmd, sys.executable, "-c", SEND_OWN_PID, str(path), d, "own"],
-                         capture_output=True, text=True, timeout=60, check=True)
-    inner = own.stdout.strip()
-    fams = scrape_when(exp, "stepscope_steps_total", training_job="ctr")
-    (info,) = [lbl for lbl, _ in fams["stepscope_training_rank_info"]]
-    assert info["pid"] == inner != ""
+    own = contained_rank(cmd, path, d, "own")
+    try:
+        assert own.stdout is not None
+        inner = own.stdout.readline().strip()
+        fams = scrape_when(exp, "stepscope_steps_total", training_job="ctr")
+        (info,) = [lbl for lbl, _ in fams["stepscope_training_rank_info"]]
+        assert info["pid"] == inner != ""
+    finally:
+        end(own)
     d2 = json.dumps(step("ctr2", 0, 0, time.time(), None))
-    subprocess.run([*cmd, sys.executable, "-c", SEND_OWN_PID, str(path), d2, "lie"],
-                   capture_output=True, timeout=60, check=True)
-    wait_for(lambda: rejected(exp) == {"bad_pid": 1})
+    liar = contained_rank(cmd, path, d2, "lie")
+    try:
+        wait_for(lambda: rejected(exp) == {"bad_pid": 1})
+    finally:
+        end(liar)
 
 
 def test_an_exporter_in_its_own_pid_namespace_relies_on_the_uid(
@@ -312,3 +332,18 @@ def test_an_allow_list_keeps_other_users_out_before_parsing(
     wait_for(lambda: rejected(exp) == {"not_allowed": 2, "not_json": 1})
     send_to(str(path), step("mine", 0, 0, time.time(), None))
     wait_for(lambda: value(scrape(exp), "stepscope_steps_total", training_job="mine") == 1)
+
+
+def test_a_gone_senders_pid_is_not_remembered_for_the_next_process_to_get_it(
+    tmp_path: Path,
+) -> None:
+    """A container's process that ended before its datagram was read cannot be checked
+    (refused); its host pid, reused by the next containerised process, is read afresh."""
+    from stepscope.ingest.listener import PidCheck
+
+    check = PidCheck(proc=tmp_path)
+    assert not check.matches(4100, 7)  # /proc/4100 gone: cannot vouch for 7
+    (tmp_path / "4100").mkdir()
+    (tmp_path / "4100" / "status").write_bytes(b"Name:\tpython\nNSpid:\t4100\t7\n")
+    assert check.matches(4100, 7) and not check.matches(4100, 8)
+    assert check.matches(0, 12345) and check.matches(99, 99)  # unnamed, or same namespace

@@ -275,6 +275,8 @@ class PidCheck:
         own = self._own.get(kernel_pid)
         if own is None:
             own = self._read(kernel_pid)
+            if own < 0:  # gone (or hidden): not remembered, its pid may be reused
+                return False
             if len(self._own) >= self._remember:
                 self._own.clear()
             self._own[kernel_pid] = own
