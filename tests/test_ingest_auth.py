@@ -213,7 +213,8 @@ def test_the_reported_pid_must_be_the_senders(
 
 def unshare_pid() -> list[str]:
     """``unshare --pid --fork`` if this machine allows new PID namespaces, else skip."""
-    cmd = ["unshare", "--pid", "--fork", "--mount-proc"]
+    # --kill-child: killing unshare (the Popen the test holds) ends what runs inside too
+    cmd = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
     if shutil.which("unshare") is None:
         pytest.skip("unshare(1) is not installed")
     probe = subprocess.run([*cmd, "true"], capture_output=True, timeout=30)
