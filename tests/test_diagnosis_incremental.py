@@ -24,7 +24,12 @@ from stepscope.core.labels import LabelSchema
 from stepscope.core.snapshot import Snapshot
 from stepscope.core.source import ReadContext, Source
 from stepscope.datagram import PHASES, Phases, StepRecord
-from stepscope.diagnose.analysis import DIAGNOSIS, DiagnosisAnalysis
+from stepscope.diagnose.analysis import (
+    DIAGNOSIS,
+    EVERY_PASS_RANKS,
+    REUSE_SECONDS,
+    DiagnosisAnalysis,
+)
 from stepscope.diagnose.engine import diagnose
 from stepscope.diagnose.faults import FaultTracker
 from stepscope.diagnose.finished import FinishedTracker
@@ -342,3 +347,61 @@ def test_a_rank_window_follows_gaps_and_restarts_as_a_scan_of_the_window_does(
         ref = reference_rank(("j", 0), snapshots)
         assert (rw.steps, rw.dur) == (ref.steps, ref.dur)
         assert {k: tuple(v) for k, v in rw.series.items()} == ref.history, f"t={t}"
+
+
+# ------------------------------------------------------------------ made when read
+
+
+class EveryPass(DiagnosisAnalysis):
+    """The diagnosis made every pass, whatever the rank count (the reference)."""
+
+    def reuse_for(self, snapshot: Snapshot) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize("ranks", [EVERY_PASS_RANKS, 2 * EVERY_PASS_RANKS])
+def test_many_ranks_make_verdicts_when_read_and_at_least_every_few_seconds(ranks: int) -> None:
+    """Above EVERY_PASS_RANKS ranks, a pass nobody is expected to read keeps the last
+    verdicts (at most REUSE_SECONDS old, rendered with the pass they were made for)
+    while the window still sees it, so a pass a scraper reads gets the verdicts a
+    diagnosis made every pass gives; at or below it, every pass makes its own."""
+    clock = Clock()
+    agg = Aggregator(TrainingSettings(rank_expiry=600.0), clock=clock)
+    backend = SimulatedBackend(parse_scenario({"gpus": GPUS}), hostname="n", clock=clock)
+    uuids = [d.uuid for d in backend.devices()]
+    lazy, reference = DiagnosisAnalysis(), EveryPass()
+    samplers = [
+        make_sampler(
+            backend,
+            clock=clock,
+            sources=[IngestSource(agg)],
+            analyses=[a],
+            wall_clock=lambda: 1.7e9 + clock.t,
+        )
+        for a in (lazy, reference)
+    ]
+    made: list[float] = []  # the age of the verdicts each unread pass served
+    for second in range(40):
+        clock.t = float(second)
+        for r in range(ranks):
+            slow = 0.4 if (r == 3 and second >= 20) else 0.0  # a straggler appears
+            agg.add(StepRecord(
+                f"job-{r // 64}", r, r % GPUS, second, 1.7e9 + clock.t, 0.8 + slow, 0.1,
+                0.5 + slow, 0.15, 0.05, second < 2, 4096, 1e14, "bf16", None, 100 + r,
+                uuids[r % GPUS], 0,
+            ))  # fmt: skip
+        lazy_pass, ref_pass = (s.sample_once() for s in samplers)
+        ours = lazy_pass.results[DIAGNOSIS]
+        assert isinstance(ours, Diagnosis)
+        made.append(lazy_pass.snapshot.timestamp - ours.timestamp)
+        if second % 10 == 9:  # a scraper reads every 10 s: the next read is expected
+            assert lazy_pass.body and ref_pass.body
+        if second >= 30:  # by now the reads' period is known: a read pass is fresh
+            read_pass = second % 10 == 9
+            if read_pass or ranks <= EVERY_PASS_RANKS:
+                assert ours == ref_pass.results[DIAGNOSIS]
+    assert max(made) <= REUSE_SECONDS
+    if ranks <= EVERY_PASS_RANKS:
+        assert made == [0.0] * 40
+    else:
+        assert made.count(0.0) < 20, "unread passes reuse the verdicts"

@@ -287,6 +287,81 @@ def test_an_exposition_nobody_asks_for_is_never_rendered_and_an_asked_one_is_rea
     assert not any(p.requested for p in after) and fans.renders == 4 + 2 * ahead
 
 
+def scrape_for(
+    readers: Sequence[tuple[float, float]], seconds: int, gzip: bool = False
+) -> tuple[list[bool], int]:
+    """A 1 s sampler read by ``readers`` (period, offset s) for ``seconds``: whether
+    each read found its bytes ready (in order), and how many renders were made."""
+    fans = CountedFans()
+    sampler, clock = node(fans)
+    clock.t = 0.0
+    latest = sampler.sample_once()  # type: ignore[attr-defined]
+    due = sorted((offset, period) for period, offset in readers)
+    ready: list[bool] = []
+    for t in range(1, seconds + 1):
+        while due[0][0] < t:  # the reads before the next pass, in time order
+            at, period = due.pop(0)
+            clock.t = at
+            ready.append(latest.has(GZIP if gzip else BODY))
+            assert latest.gzipped() if gzip else latest.body
+            due = sorted([*due, (at + period, period)])
+        clock.t = float(t)
+        latest = sampler.sample_once()  # type: ignore[attr-defined]
+    return ready, fans.renders
+
+
+@pytest.mark.parametrize(
+    ("readers", "gzip"),
+    [
+        ([(15.0, 7.37)], True),  # one Prometheus, every 15 s
+        ([(15.0, 7.37), (15.0, 10.81)], False),  # an HA pair, 3.4 s apart
+        ([(30.0, 2.5), (30.0, 9.2), (30.0, 21.93)], True),  # three servers
+        ([(1.0, 0.5)], True),  # a reader of every pass
+        ([(60.0, 0.999)], False),  # read just before a pass ends
+    ],
+)
+def test_a_periodic_scraper_finds_its_bytes_ready_and_few_passes_are_rendered(
+    readers: list[tuple[float, float]], gzip: bool
+) -> None:
+    """Once the reads' period shows (the third read of each reader), every read finds
+    the exposition rendered ahead, and a slow scraper costs one or two renders a read,
+    not the RENDER_AHEAD_PASSES + 1 of a reader whose period is unknown."""
+    seconds = 600
+    ready, renders = scrape_for(readers, seconds, gzip)
+    settled = ready[3 * len(readers):]
+    assert settled and all(settled), ready
+    reads = len(ready)
+    if readers[0][0] > 1:
+        assert renders <= 2 * reads + 2 * len(readers) + 4, (renders, reads)
+    else:
+        assert renders >= seconds  # every pass is read: every pass is rendered
+
+
+def test_reads_with_no_period_fall_back_to_rendering_the_passes_after_each() -> None:
+    """Reads at irregular times (a person reloading the page) leave the sampler
+    rendering the few passes after each read, and nothing once they stop."""
+    fans = CountedFans()
+    sampler, clock = node(fans)
+    latest = sampler.sample_once()  # type: ignore[attr-defined]
+    for at in (3.2, 10.7, 12.1, 30.4, 31.9):
+        while clock.t + 1 < at:
+            clock.t += 1.0
+            latest = sampler.sample_once()  # type: ignore[attr-defined]
+        clock.t = at
+        assert latest.body
+        clock.t = math.floor(at) + 1.0
+        latest = sampler.sample_once()  # type: ignore[attr-defined]
+    before = fans.renders
+    passes = []
+    for _ in range(10):
+        clock.t += 1.0
+        passes.append(sampler.sample_once())  # type: ignore[attr-defined]
+    assert [p.has(BODY) for p in passes] == [True] * RENDER_AHEAD_PASSES + [False] * (
+        10 - RENDER_AHEAD_PASSES
+    )
+    assert fans.renders == before + RENDER_AHEAD_PASSES
+
+
 def test_concurrent_scrapes_of_an_unrendered_snapshot_render_it_once() -> None:
     fans = CountedFans()
     sampler, clock = node(fans)

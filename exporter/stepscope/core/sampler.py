@@ -14,6 +14,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,8 +38,12 @@ from stepscope.core.source import (
     Tier,
 )
 
-# Passes after the last one read for which the sampler still renders ahead.
+# Passes after the last one read for which the sampler still renders ahead (a reader
+# whose period is not known yet; one late past the time expected).
 RENDER_AHEAD_PASSES = 2
+# Readers on periods of their own the forecast can follow at once (an HA pair of
+# Prometheus servers is two).
+MAX_READERS = 4
 
 log = logging.getLogger("stepscope.sampler")
 
@@ -78,13 +83,61 @@ class _Entry:
 
 @dataclass(slots=True)
 class _Timed:
-    """Bookkeeping for an analysis, like a source's."""
+    """Bookkeeping for an analysis, like a source's; ``result`` is for ``snapshot``
+    (an earlier pass's when the analysis reused it, :meth:`Analysis.reuse_for`)."""
 
     analysis: Analysis[object]
     errors: int = 0
     last_error: str = ""
     health: SourceHealth | None = None
     result: object | None = field(default=None)
+    snapshot: Snapshot | None = None
+
+
+class ReadForecast:
+    """When the exposition will next be read, learnt from when it was.
+
+    A scraper reads on a period (Prometheus on its ``scrape_interval``, to the
+    millisecond), or several do, each on its own (an HA pair). The last reads are
+    searched for the smallest number of readers ``m`` (1 to :data:`MAX_READERS`) whose
+    reads repeat with one period, ``R[-1] - R[-1-m] ≈ R[-2] - R[-2-m]``; each reader's
+    next read is then its last plus that period. A pass is rendered ahead when a read is
+    expected before the next pass (or is late by up to :data:`RENDER_AHEAD_PASSES`
+    passes); until a period shows, the few passes after each read are.
+    """
+
+    def __init__(self) -> None:
+        self._reads: deque[float] = deque(maxlen=2 * MAX_READERS + 2)
+        self._learnt = -math.inf  # when the pass that learnt of the latest read started
+        self.gzip = False  # whether the latest read asked for the gzip form
+
+    def saw(self, at: float, gzip: bool, now: float) -> None:
+        """A published snapshot was first read at ``at`` (gzip: in its gzip form); the
+        pass starting ``now`` learns of it."""
+        reads = self._reads
+        if not reads or at > reads[-1]:
+            reads.append(at)
+        self._learnt = now
+        self.gzip = gzip
+
+    def expected(self, interval: float) -> list[float] | None:
+        """The next read of each reader, or None while no period shows."""
+        r = self._reads
+        for m in range(1, min(MAX_READERS, len(r) - 2) + 1):
+            period = r[-1] - r[-1 - m]
+            if period > 0 and abs(period - (r[-2] - r[-2 - m])) <= interval / 2:
+                return [r[-j] + (r[-j] - r[-j - m]) for j in range(1, m + 1)]
+        return None
+
+    def due(self, now: float, interval: float) -> bool:
+        """Whether the pass starting ``now`` is likely to be read."""
+        if not self._reads:
+            return False
+        expected = self.expected(interval)
+        if expected is None:  # this pass and the next few
+            return now - self._learnt < (RENDER_AHEAD_PASSES + 0.5) * interval
+        late = RENDER_AHEAD_PASSES * interval
+        return any(at - 1.25 * interval < now <= at + late for at in expected)
 
 
 class Sampler:
@@ -109,9 +162,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
-        # the last pass whose exposition (or its gzip form) someone asked for
-        self._asked_pass = -RENDER_AHEAD_PASSES - 1
-        self._gzip_asked_pass = -RENDER_AHEAD_PASSES - 1
+        self._reads = ReadForecast()
 
     @property
     def latest(self) -> Published | None:
@@ -281,40 +332,53 @@ class Sampler:
             health=health,
             evidence=evidence,
         )
-        results = self._analyse(snapshot, health)
+        previous = self._latest
+        if previous is None:  # the first pass is made ready: a scraper may be waiting
+            self._reads.saw(start, False, start)
+        elif previous.read_at is not None:
+            self._reads.saw(previous.read_at, previous.gzip_requested, start)
+        # A pass a scraper is expected to read is rendered ahead (its analyses run in
+        # full); the others only when someone asks.
+        due = self._reads.due(start, settings.interval)
+        results = self._analyse(snapshot, health, due)
         snapshot = replace(snapshot, health=health, collect_duration_seconds=self._clock() - start)
         # what this pass rendered from, fixed now: entries and analyses move on next pass
         pieces = [(entry, entry.part) for entry in live]
-        analysed = [(timed, timed.result) for timed in self._analyses]
+        analysed = [(timed, timed.result, timed.snapshot) for timed in self._analyses]
 
         def exposition() -> bytes:
             return render(self._render(pieces, analysed, labels, snapshot))
 
-        published = Published(snapshot, results, exposition)
-        previous = self._latest
-        if previous is None or previous.requested:
-            self._asked_pass = self.passes
-        if previous is not None and previous.gzip_requested:
-            self._gzip_asked_pass = self.passes
-        # What was read in the last few passes is made ready before it is asked for (a
-        # scraper whose period drifts past the interval skips a pass now and then).
-        published.render_ahead(
-            body=self.passes - self._asked_pass <= RENDER_AHEAD_PASSES,
-            gzipped=self.passes - self._gzip_asked_pass <= RENDER_AHEAD_PASSES,
-        )
+        published = Published(snapshot, results, exposition, self._clock)
+        published.render_ahead(body=due, gzipped=due and self._reads.gzip)
         self._latest = published
         self.passes += 1
         return published
 
-    def _analyse(self, snapshot: Snapshot, health: dict[str, SourceHealth]) -> dict[str, object]:
+    def _analyse(
+        self, snapshot: Snapshot, health: dict[str, SourceHealth], due: bool
+    ) -> dict[str, object]:
+        """Run each analysis; on a pass nobody is expected to read, one whose result is
+        costly may keep its last (``reuse_for``) and only observe the snapshot."""
         results: dict[str, object] = {}
         for timed in self._analyses:
-            name = timed.analysis.name
+            analysis = timed.analysis
+            name = analysis.name
             t0 = self._clock()
             try:
-                timed.result = timed.analysis.run(snapshot)
+                if (
+                    not due
+                    and timed.result is not None
+                    and timed.snapshot is not None
+                    and snapshot.monotonic - timed.snapshot.monotonic
+                    < analysis.reuse_for(snapshot)
+                ):
+                    analysis.observe(snapshot)
+                else:
+                    timed.result = analysis.run(snapshot)
+                    timed.snapshot = snapshot
             except Exception as exc:  # a rule bug must not cost the metrics
-                timed.result = None
+                timed.result = timed.snapshot = None
                 self._fail(timed, name, exc, self._clock() - t0)
             else:
                 timed.health = SourceHealth(True, self._clock() - t0, timed.errors)
@@ -328,7 +392,7 @@ class Sampler:
     def _render(
         self,
         pieces: list[tuple[_Entry, Any]],
-        analysed: list[tuple[_Timed, Any]],
+        analysed: list[tuple[_Timed, Any, Snapshot | None]],
         labels: LabelSchema,
         snapshot: Snapshot,
     ) -> list[Family]:
@@ -336,12 +400,10 @@ class Sampler:
         for entry, part in pieces:
             source = entry.source
             families += self._families(entry, source.name, source.families, part, labels)
-        for timed, result in analysed:
+        for timed, result, of in analysed:
             analysis = timed.analysis
-            if result is not None:
-                families += self._families(
-                    timed, analysis.name, analysis.families, result, snapshot
-                )
+            if result is not None and of is not None:  # with the pass it was made from
+                families += self._families(timed, analysis.name, analysis.families, result, of)
         families += health_families(snapshot, self._build_labels)
         families += process_families()
         return families

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
@@ -64,7 +65,8 @@ class Published:
     """
 
     __slots__ = (
-        "_lock", "_make_body", "_memo", "gzip_requested", "requested", "results", "snapshot"
+        "_clock", "_lock", "_make_body", "_memo", "gzip_requested", "read_at", "results",
+        "snapshot",
     )
 
     def __init__(
@@ -72,13 +74,16 @@ class Published:
         snapshot: Snapshot,
         results: Mapping[str, object],
         body: bytes | Callable[[], bytes],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.snapshot = snapshot
         self.results = results
         self._memo: dict[object, Any] = {}
         self._lock = threading.RLock()  # a rendering may need another (gzip: the body)
-        # whether anyone asked for the exposition (the sampler's rendering ahead is not asking)
-        self.requested = False
+        self._clock = clock
+        # when the exposition was first asked for (the sampler's rendering ahead is not
+        # asking): the sampler learns from it when the next scrape will come
+        self.read_at: float | None = None
         self.gzip_requested = False
         self._make_body: Callable[[], bytes] | None = None
         if isinstance(body, bytes):
@@ -87,9 +92,18 @@ class Published:
             self._make_body = body
 
     @property
+    def requested(self) -> bool:
+        """Whether anyone asked for the exposition (or its gzip form)."""
+        return self.read_at is not None
+
+    def _asked(self) -> None:
+        if self.read_at is None:
+            self.read_at = self._clock()
+
+    @property
     def body(self) -> bytes:
         """The ``/metrics`` exposition (rendered now if nobody has yet)."""
-        self.requested = True
+        self._asked()
         return self.render()
 
     def render(self) -> bytes:
@@ -123,7 +137,7 @@ class Published:
 
     def gzipped(self) -> bytes:
         """The body gzip-compressed (level 1: the text compresses ~10x anyway)."""
-        self.requested = True
+        self._asked()
         self.gzip_requested = True
         return self.render_gzip()
 

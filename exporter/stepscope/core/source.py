@@ -131,6 +131,8 @@ class Analysis(Generic[R]):
 
     It may keep state across passes (a window of Snapshots); it runs on the sampler
     thread after the reads, wrapped like a source (timed, isolated, health served).
+    A costly one may skip passes nobody is expected to read: :meth:`reuse_for` says for
+    how long its last result may stand in, and :meth:`observe` then keeps its state.
     """
 
     name: str
@@ -138,6 +140,14 @@ class Analysis(Generic[R]):
     def run(self, snapshot: Snapshot) -> R:
         """The result for ``snapshot`` (the newest of the passes seen so far)."""
         raise NotImplementedError
+
+    def observe(self, snapshot: Snapshot) -> None:
+        """Keep what must see every pass, on a pass whose result is not made."""
+
+    def reuse_for(self, snapshot: Snapshot) -> float:
+        """Seconds the last result may stand in for passes nobody is expected to read
+        (0: made every pass, the default)."""
+        return 0.0
 
     def families(self, result: R, snapshot: Snapshot) -> Iterable[Family]:
         """The metric families of ``result``."""

@@ -64,6 +64,7 @@ def diagnosis_document(published: Published | None) -> dict[str, Any]:
         "hostname": snapshot.hostname,
         "backend": gpu.backend if gpu is not None else None,
         "timestamp": snapshot.timestamp,
+        "diagnosis_timestamp": diag.timestamp,
         "interval": snapshot.interval,
         "window_seconds": round(diag.window_seconds, 3),
         "samples": diag.samples,

@@ -772,4 +772,4 @@ def diagnose(
         gw = gpu_of(g.info.uuid)
         if gw is not None:
             verdicts.append(gpu_verdict(gw, th))
-    return Diagnosis(span, len(snapshots), tuple(verdicts), th)
+    return Diagnosis(span, len(snapshots), tuple(verdicts), th, latest.timestamp)

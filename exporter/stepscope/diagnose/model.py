@@ -102,12 +102,15 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """Every verdict of one pass. ``window_seconds``: the time the window spans."""
+    """Every verdict of one pass. ``window_seconds``: the time the window spans;
+    ``timestamp``: the wall-clock time of the pass the verdicts are for (at many ranks,
+    an earlier pass than the snapshot served beside it: ``DiagnosisAnalysis``)."""
 
     window_seconds: float
     samples: int
     verdicts: tuple[Verdict, ...] = ()
     thresholds: Thresholds = field(default_factory=Thresholds)
+    timestamp: float = 0.0
 
     @property
     def status(self) -> str:
