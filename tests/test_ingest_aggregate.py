@@ -292,3 +292,40 @@ def test_a_job_that_reports_zero_flops_has_no_flops_rather_than_zero_mfu() -> No
     agg.add(record(flops=1e12))
     (r,) = agg.view().ranks
     assert r.has_flops
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_achieved_flops_kept_incrementally_equal_the_window_recounted(seed: int) -> None:
+    """Achieved FLOP/s is kept as a running sum with a sliding minimum of step starts and
+    maximum of step ends; over random traffic (bursts, silences longer than the window,
+    steps whose start goes back before an earlier one's, warm-up steps) it equals the
+    window recounted from every step received in it, at every view."""
+    import random
+
+    rng = random.Random(seed)
+    window = 7.0
+    agg, clock = make(mfu_window=window, rank_expiry=1e6)
+    received: list[tuple[float, float, float, float]] = []  # (second, flops, start, end)
+    t = 1000.0
+    for _ in range(1500):
+        clock.t += rng.choice([0.01, 0.2, 0.7, 1.0, 3.0]) if rng.random() < 0.97 else 12.0
+        t += rng.uniform(0.0, 0.5)
+        dur = rng.choice([0.05, 0.3, 1.5, 4.0])  # a long step starts before earlier ones
+        flops = rng.choice([0.0, 1e9, 3.7e12, 1e15])
+        warm = rng.random() < 0.05
+        agg.add(record(t=t, dur=dur, flops=flops, warmup=warm, data_wait=0.0, compute=0.0,
+                       comm=0.0, other=0.0))  # fmt: skip
+        if not warm:
+            received.append((float(int(clock.t)), flops, t - dur, t))
+        if rng.random() < 0.3:
+            clock.t += rng.choice([0.0, 0.5, 2.0])
+            cutoff = clock.t - window - 1.0
+            live = [r for r in received if r[0] >= cutoff]
+            (rank,) = agg.view().ranks
+            got = rank.achieved_flops_per_second
+            if not live:
+                assert got == 0.0
+                continue
+            span = max(r[3] for r in live) - min(r[2] for r in live)
+            want = sum(r[1] for r in live) / span
+            assert got == pytest.approx(want, rel=1e-9, abs=1e-6), (clock.t, len(live))

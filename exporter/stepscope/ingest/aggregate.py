@@ -35,6 +35,7 @@ unauthenticated principal (``sender=None``).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from bisect import bisect_left
@@ -134,9 +135,14 @@ class RankView:
         """Steps that count for step time and MFU (not warm-up)."""
         return self.steps - self.warmup_steps
 
+    # the rank's identity, made once when it is first seen (identity is fixed)
+    ident: RankIdentity | None = field(default=None, compare=False, repr=False)
+
     @property
     def identity(self) -> RankIdentity:
         """What names this rank in labels, with its GPU and pid."""
+        if self.ident is not None:
+            return self.ident
         return RankIdentity(self.job, self.rank, self.local_rank, self.uuid, self.pid)
 
 
@@ -182,6 +188,7 @@ class _RankState:
     precision: str = DEFAULT_PRECISION
     owner_uid: int | None = None
     owner_pid: int = 0  # the sender's kernel pid; 0: not known (another PID namespace)
+    ident: RankIdentity | None = None
     steps: int = 0
     warmup_steps: int = 0
     dur_sum: float = 0.0
@@ -199,6 +206,12 @@ class _RankState:
     nccl_transport: str | None = None
     # [second, flops, first start, last end] per whole second of receive time
     window: deque[list[float]] = field(default_factory=deque)
+    # the window's FLOPs, and (second, value) of its complete seconds whose step start
+    # is lowest / end highest from there on: the minimum and maximum are at the front
+    win_flops: float = 0.0
+    win_starts: deque[tuple[float, float]] = field(default_factory=deque)
+    win_ends: deque[tuple[float, float]] = field(default_factory=deque)
+    _pops: int = 0
 
     def same_identity(self, rec: StepRecord) -> bool:
         return (
@@ -234,6 +247,7 @@ class _RankState:
         sec = float(int(now))
         start = rec.t - dur
         win = self.window
+        self.win_flops += rec.flops
         if win and win[-1][0] == sec:
             b = win[-1]
             b[1] += rec.flops
@@ -242,21 +256,40 @@ class _RankState:
             if rec.t > b[3]:
                 b[3] = rec.t
         else:
+            if win:  # the last second is complete: it joins the running min and max
+                _push_extreme(self.win_starts, win[-1][0], win[-1][2], lower=True)
+                _push_extreme(self.win_ends, win[-1][0], win[-1][3], lower=False)
             win.append([sec, rec.flops, start, rec.t])
-            cutoff = now - window - 1.0
-            while win[0][0] < cutoff:
-                win.popleft()
+            self._expire_window(now - window - 1.0)
+
+    def _expire_window(self, cutoff: float) -> None:
+        """Drop the seconds before ``cutoff`` from the window and its running figures."""
+        win = self.window
+        while win and win[0][0] < cutoff:
+            self.win_flops -= win.popleft()[1]
+            self._pops += 1
+        for extremes in (self.win_starts, self.win_ends):
+            while extremes and extremes[0][0] < cutoff:
+                extremes.popleft()
+        if not win:
+            self.win_flops = 0.0
+            self._pops = 0
+        elif self._pops >= len(win):  # re-add now and then: subtraction must not drift
+            self.win_flops = math.fsum(b[1] for b in win)
+            self._pops = 0
 
     def achieved(self, now: float, window: float) -> float | None:
+        """FLOP/s over the window: its FLOPs over the time from its first step's start
+        to its last step's end (O(1): running sum, sliding minimum and maximum)."""
         win = self.window
-        cutoff = now - window - 1.0
-        while win and win[0][0] < cutoff:
-            win.popleft()
+        self._expire_window(now - window - 1.0)
         if not win:
             return None if self.steps == self.warmup_steps else 0.0
-        flops = sum(b[1] for b in win)
-        span = max(b[3] for b in win) - min(b[2] for b in win)
-        return flops / span if span > 0 else None
+        last = win[-1]
+        first_start = min(self.win_starts[0][1], last[2]) if self.win_starts else last[2]
+        last_end = max(self.win_ends[0][1], last[3]) if self.win_ends else last[3]
+        span = last_end - first_start
+        return self.win_flops / span if span > 0 else None
 
     def view(self, now: float, window: float) -> RankView:
         return RankView(
@@ -279,7 +312,18 @@ class _RankState:
             sdk_dropped=self.dropped,
             achieved_flops_per_second=self.achieved(now, window),
             nccl_transport=self.nccl_transport,
+            ident=self.ident,
         )
+
+
+def _push_extreme(
+    extremes: deque[tuple[float, float]], sec: float, value: float, lower: bool
+) -> None:
+    """Add a complete second to a sliding minimum (``lower``) or maximum: values it
+    outlasts and beats can never be the extreme again."""
+    while extremes and (extremes[-1][1] >= value if lower else extremes[-1][1] <= value):
+        extremes.pop()
+    extremes.append((sec, value))
 
 
 class Aggregator:
@@ -301,7 +345,7 @@ class Aggregator:
         self._jobs_per_uid: dict[int | None, int] = {}
         self._accepted = 0
         self._rejected = dict.fromkeys(REJECT_REASONS, 0)
-        self._kernel_dropped: int | None = None
+        self._drop_counter: Callable[[], int | None] | None = None
         self._listening: str | None = None
         self._last_scan = float("-inf")
 
@@ -323,9 +367,10 @@ class Aggregator:
         """Record whether the ingest socket is bound (``stepscope_ingest_up``)."""
         self._listening = address
 
-    def set_kernel_dropped(self, count: int | None) -> None:
-        """Record the socket's cumulative kernel drop count (None: the kernel has none)."""
-        self._kernel_dropped = count
+    def set_drop_counter(self, read: Callable[[], int | None] | None) -> None:
+        """How to read the socket's cumulative kernel drop count, once per view (None:
+        the kernel has none, or no socket)."""
+        self._drop_counter = read
 
     def reject(self, reason: str) -> None:
         """Count a datagram dropped before aggregation (reason from REJECT_REASONS)."""
@@ -359,6 +404,7 @@ class Aggregator:
                     precision=rec.precision,
                     owner_uid=uid,
                     owner_pid=kpid,
+                    ident=RankIdentity(rec.job, rec.rank, rec.local_rank, rec.uuid, rec.pid),
                 )
                 self._jobs[rec.job].ranks += 1
             elif state.owner_uid != uid or (state.owner_pid and kpid != state.owner_pid):
@@ -460,6 +506,8 @@ class Aggregator:
         """An immutable copy of the current state, expired ranks dropped first."""
         now = self._clock()
         settings = self._settings
+        counter = self._drop_counter
+        dropped = counter() if counter is not None else None
         with self._lock:
             self._expire(now, settings.rank_expiry)
             ranks = tuple(
@@ -473,7 +521,7 @@ class Aggregator:
             rejected=rejected,
             ranks=ranks,
             settings=settings,
-            kernel_dropped=self._kernel_dropped,
+            kernel_dropped=dropped,
         )
 
 

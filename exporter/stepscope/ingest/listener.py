@@ -316,7 +316,6 @@ class IngestListener:
         self._logged: set[str] = set()
         self._senders: dict[bytes, Sender] = {}
         self._pids = PidCheck()
-        self._drops_known = False
 
     @property
     def up(self) -> bool:
@@ -356,9 +355,9 @@ class IngestListener:
             return False
         self._sock = sock
         self._loop = loop
-        drops = kernel_drops(sock)
-        self._drops_known = drops is not None
-        self._aggregator.set_kernel_dropped(drops)
+        # read once per pass by the sampler, not per datagram
+        known = kernel_drops(sock) is not None
+        self._aggregator.set_drop_counter((lambda: kernel_drops(sock)) if known else None)
         drain = self._drain_unix if sock.family == socket.AF_UNIX else self._drain_udp
         loop.add_reader(sock.fileno(), drain)
         self._aggregator.set_listening(self.url)
@@ -394,26 +393,23 @@ class IngestListener:
         add = agg.add
         reject = agg.reject
         size = MAX_DATAGRAM_BYTES + 1  # a longer datagram is truncated to this: oversize
-        try:
-            for _ in range(MAX_BATCH):
-                try:
-                    data = recv(size)
-                except (BlockingIOError, InterruptedError):
-                    return
-                except OSError as exc:
-                    if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
-                        log.debug("ingest recv failed: %s", exc)
-                    return
-                try:
-                    rec = parse_datagram(data, agg.limits)
-                    if isinstance(rec, Rejection):
-                        reject(rec.reason)
-                    else:
-                        add(rec)
-                except Exception:  # a bug must not stop the ingest or the exporter
-                    self._internal("processing an ingest datagram failed")
-        finally:
-            self._read_drops(sock)
+        for _ in range(MAX_BATCH):
+            try:
+                data = recv(size)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
+                    log.debug("ingest recv failed: %s", exc)
+                return
+            try:
+                rec = parse_datagram(data, agg.limits)
+                if isinstance(rec, Rejection):
+                    reject(rec.reason)
+                else:
+                    add(rec)
+            except Exception:  # a bug must not stop the ingest or the exporter
+                self._internal("processing an ingest datagram failed")
 
     def _drain_unix(self) -> None:
         """Read every queued datagram (up to MAX_BATCH) with its sender; check and
@@ -431,46 +427,41 @@ class IngestListener:
         senders = self._senders
         pid_matches = self._pids.matches
         size = MAX_DATAGRAM_BYTES + 1  # a longer datagram is truncated to this: oversize
-        try:
-            for _ in range(MAX_BATCH):
-                try:
-                    data, ancillary, _flags, _addr = recvmsg(size, _CRED_SPACE)
-                except (BlockingIOError, InterruptedError):
-                    return
-                except OSError as exc:
-                    if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
-                        log.debug("ingest recv failed: %s", exc)
-                    return
-                try:
-                    # the common case, one credentials message, first; else the slow path
-                    if len(ancillary) == 1 and ancillary[0][1] == _SCM_CREDENTIALS:
-                        raw = ancillary[0][2]
-                        sender = senders.get(raw) or self._sender(raw)
-                    else:
-                        sender = self._sender_of(ancillary)
-                    if sender is None:  # SO_PASSCRED is set: the kernel always says who
-                        self._internal("an ingest datagram came without credentials")
-                        continue
-                    if restricted and sender.uid not in allow_uids and (
-                        sender.gid not in allow_gids
-                    ):
-                        reject("not_allowed")  # before parsing: costs a refused sender least
-                        continue
-                    rec = parse_datagram(data, agg.limits)
-                    if isinstance(rec, Rejection):
-                        reject(rec.reason)
-                    elif (
-                        rec.pid is not None
-                        and rec.pid != sender.pid
-                        and not pid_matches(sender.pid, rec.pid)
-                    ):
-                        reject("bad_pid")
-                    else:
-                        add(rec, sender)
-                except Exception:  # a bug must not stop the ingest or the exporter
-                    self._internal("processing an ingest datagram failed")
-        finally:
-            self._read_drops(sock)
+        for _ in range(MAX_BATCH):
+            try:
+                data, ancillary, _flags, _addr = recvmsg(size, _CRED_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
+                    log.debug("ingest recv failed: %s", exc)
+                return
+            try:
+                # the common case, one credentials message, first; else the slow path
+                if len(ancillary) == 1 and ancillary[0][1] == _SCM_CREDENTIALS:
+                    raw = ancillary[0][2]
+                    sender = senders.get(raw) or self._sender(raw)
+                else:
+                    sender = self._sender_of(ancillary)
+                if sender is None:  # SO_PASSCRED is set: the kernel always says who
+                    self._internal("an ingest datagram came without credentials")
+                    continue
+                if restricted and sender.uid not in allow_uids and sender.gid not in allow_gids:
+                    reject("not_allowed")  # before parsing: costs a refused sender least
+                    continue
+                rec = parse_datagram(data, agg.limits)
+                if isinstance(rec, Rejection):
+                    reject(rec.reason)
+                elif (
+                    rec.pid is not None
+                    and rec.pid != sender.pid
+                    and not pid_matches(sender.pid, rec.pid)
+                ):
+                    reject("bad_pid")
+                else:
+                    add(rec, sender)
+            except Exception:  # a bug must not stop the ingest or the exporter
+                self._internal("processing an ingest datagram failed")
 
     def _sender(self, raw: bytes) -> Sender | None:
         if len(raw) < _UCRED.size:
@@ -499,10 +490,6 @@ class IngestListener:
                         os.close(fd)
         return sender
 
-    def _read_drops(self, sock: socket.socket) -> None:
-        if self._drops_known:
-            self._aggregator.set_kernel_dropped(kernel_drops(sock))
-
     def _internal(self, message: str) -> None:
         self._aggregator.reject("internal")
         if message not in self._logged:  # once: a flood must not flood the log
@@ -516,6 +503,7 @@ class IngestListener:
             return
         if self._loop is not None and not self._loop.is_closed():
             self._loop.remove_reader(sock.fileno())
+        self._aggregator.set_drop_counter(None)
         sock.close()
         self._aggregator.set_listening(None)
         dir_fd, self._dir_fd = self._dir_fd, None
