@@ -5,8 +5,6 @@ raises; every event returns to the pool exactly once."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from stepscope.train._timeline import CudaTimeline
@@ -43,24 +41,20 @@ class Event:
         return end.t - self.t
 
 
-def step(tl: CudaTimeline, gpu: Gpu, n: int, prev: Any, start_ms: float, end_ms: float,
-         data: float = 0.0) -> Any:  # fmt: skip
-    """What the reporter's training thread does for one step; returns its end event."""
+def step(tl: CudaTimeline, gpu: Gpu, n: int, start_ms: float, end_ms: float,
+         data: float = 0.0) -> bool:  # fmt: skip
+    """What the reporter's training thread does for one step; whether it was queued."""
     gpu.now = start_ms
-    start = tl.event()
-    start.record()
+    start = tl.mark()
     gpu.now = end_ms
-    end = tl.event()
-    end.record()
-    assert tl.push((n, False, 10, 1e9, data, 0.002, prev, start, end, []))
-    return end
+    return tl.queue(n, False, 10, 1e9, data, 0.002, start, [])
 
 
 def test_steps_are_read_in_order_once_completed_and_equal_what_the_events_measure() -> None:
     gpu = Gpu()
     tl = CudaTimeline(gpu.event)
-    e0 = step(tl, gpu, 0, None, 0.0, 40.0)
-    e1 = step(tl, gpu, 1, e0, 50.0, 90.0, data=0.030)  # the GPU idled 10 ms before it
+    step(tl, gpu, 0, 0.0, 40.0)
+    step(tl, gpu, 1, 50.0, 90.0, data=0.030)  # the GPU idled 10 ms before it
     assert tl.resolve(False) == []  # nothing completed: nothing read, nothing waited for
     gpu.done_until = 45.0
     (s0,) = tl.resolve(False)  # step 1 not done yet: it waits, in order
@@ -75,14 +69,13 @@ def test_steps_are_read_in_order_once_completed_and_equal_what_the_events_measur
     assert s1[3] == pytest.approx(0.050)  # dur: end of step 0 to end of step 1, GPU clock
     assert s1[4] == pytest.approx(0.010)  # data: what the GPU waited, not the host's 30 ms
     assert s1[5] == pytest.approx(0.040)
-    del e1
 
 
 def test_a_later_step_completing_first_does_not_jump_the_queue() -> None:
     gpu = Gpu()
     tl = CudaTimeline(gpu.event)
-    e0 = step(tl, gpu, 0, None, 0.0, 10.0)
-    step(tl, gpu, 1, e0, 10.0, 20.0)
+    step(tl, gpu, 0, 0.0, 10.0)
+    step(tl, gpu, 1, 10.0, 20.0)
     # step 1's end reads as done while step 0's does not (events on different streams)
     first_end = tl.pending[0][8]
     first_end.t = 99.0
@@ -98,9 +91,8 @@ def test_events_are_pooled_and_each_returns_once() -> None:
     tl = CudaTimeline(gpu.event)
     tl.prewarm(4)
     assert gpu.made == 4 and len(tl.free) == 4
-    prev = None
     for n in range(200):
-        prev = step(tl, gpu, n, prev, n * 10.0, n * 10.0 + 5.0)
+        step(tl, gpu, n, n * 10.0, n * 10.0 + 5.0)
         gpu.done_until = n * 10.0 + 5.0
         tl.resolve(False)
     # two events per step, the last end held for the next step: a handful in all
@@ -111,20 +103,37 @@ def test_events_are_pooled_and_each_returns_once() -> None:
 def test_a_spent_pool_gives_none_and_a_full_queue_refuses_without_blocking() -> None:
     gpu = Gpu()
     tl = CudaTimeline(gpu.event, max_pending=2, max_events=5)
-    prev = None
     for n in range(2):
-        prev = step(tl, gpu, n, prev, n, n + 0.5)
-    assert not tl.push((2, False, 0, 0.0, 0.0, 0.0, prev, tl.event(), tl.event(), []))
-    assert tl.event() is None  # 5 made: the cap
+        assert step(tl, gpu, n, n, n + 0.5)
+    made = gpu.made
+    assert not step(tl, gpu, 2, 2.0, 2.5)  # two steps wait: refused, start recycled
+    assert gpu.made == made + 1 and len(tl.pending) == 2  # no end taken for it
+    assert tl.event() is not None and tl.mark() is None  # 5 made: the cap
+    assert not tl.queue(3, False, 0, 0.0, 0.0, 0.0, None, [])  # a step whose start failed
     gpu.done_until = 10.0
     assert len(tl.resolve(False)) == 2 and tl.event() is not None  # recycled
+
+
+def test_a_dropped_steps_time_goes_to_the_next_queued_step() -> None:
+    gpu = Gpu()
+    tl = CudaTimeline(gpu.event, max_pending=1)
+    assert step(tl, gpu, 0, 0.0, 10.0)
+    assert not step(tl, gpu, 1, 12.0, 20.0)  # the queue is full: dropped, counted by the caller
+    gpu.done_until = 10.0
+    (s0,) = tl.resolve(False)
+    assert step(tl, gpu, 2, 25.0, 30.0)
+    gpu.done_until = 30.0
+    (s2,) = tl.resolve(False)
+    assert s0 is not None and s2 is not None
+    assert s2[0] == 2 and s2[3] == pytest.approx(0.020)  # from step 0's end, 10 -> 30 ms
+    assert s2[5] == pytest.approx(0.005)  # its own compute
 
 
 def test_at_close_steps_still_running_are_dropped_not_waited_for() -> None:
     gpu = Gpu()
     tl = CudaTimeline(gpu.event)
-    e0 = step(tl, gpu, 0, None, 0.0, 10.0)
-    step(tl, gpu, 1, e0, 10.0, 20.0)
+    step(tl, gpu, 0, 0.0, 10.0)
+    step(tl, gpu, 1, 10.0, 20.0)
     gpu.done_until = 10.0
     got = tl.resolve(True)
     assert got[0] is not None and got[0][0] == 0 and got[1] is None and not tl.pending
@@ -135,13 +144,13 @@ def test_an_event_that_fails_to_read_drops_its_step_and_is_logged_once(
 ) -> None:
     gpu = Gpu()
     tl = CudaTimeline(gpu.event)
-    step(tl, gpu, 0, None, 0.0, 10.0)
+    step(tl, gpu, 0, 0.0, 10.0)
 
     def broken() -> bool:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     tl.pending[0][8].query = broken
-    step(tl, gpu, 1, None, 10.0, 20.0)
+    step(tl, gpu, 1, 10.0, 20.0)
     assert tl.resolve(False) == [None, None]  # a broken context: nothing left readable
     assert caplog.text.count("reading CUDA events failed") == 1
 

@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from stepscope import datagram as schema
@@ -36,9 +37,11 @@ MAX_EVENTS = 4 * MAX_PENDING
 # Events created (and recorded once, so CUDA creates them) when timing starts.
 PREWARM_EVENTS = 32
 
+# A step's comm events: per backward pass, (ready event, all-reduce done events).
+Pairs = Sequence[tuple[Any, Sequence[Any]]]
 # One pending step: (number, warm, tokens, flops, host data wait, host gap, previous
 # step's end event or None, start event, end event, comm event pairs)
-Pending = tuple[int, bool, int, float, float, float, Any, Any, Any, list[tuple[Any, list[Any]]]]
+Pending = tuple[int, bool, int, float, float, float, Any, Any, Any, Pairs]
 
 
 def step_record(
@@ -66,11 +69,11 @@ def step_record(
 class CudaTimeline:
     """The event pool and the steps waiting for their events, for one reporter.
 
-    ``new_event()`` makes one timing event on the rank's device. Threads: ``event``,
-    ``recycle`` and ``push`` are called from the training thread (``event`` and
-    ``recycle`` also from the DDP hook's); ``resolve`` from the sender thread (or from
-    ``close``, with the sender's lock held). Every structure they share is a ``deque``,
-    whose appends and pops are atomic; only ``resolve`` pops pending steps.
+    ``new_event()`` makes one timing event on the rank's device. Threads: ``mark``,
+    ``queue``, ``event`` and ``recycle`` are called from the training thread (``event``
+    and ``recycle`` also from the DDP hook's); ``resolve`` from the sender thread (or
+    from ``close``, with the sender's lock held). Every structure they share is a
+    ``deque``, whose appends and pops are atomic; only ``resolve`` pops pending steps.
     """
 
     def __init__(self, new_event: Any, max_pending: int = MAX_PENDING,
@@ -82,6 +85,7 @@ class CudaTimeline:
         self.created = 0
         self.pending: deque[Pending] = deque()
         self._held: Any = None  # end event of the last resolved step (the next one's start)
+        self._last_end: Any = None  # end event of the last queued step
         self._kind: type | None = None  # the pool's event type
         self._logged: set[str] = set()
 
@@ -115,16 +119,44 @@ class CudaTimeline:
             if ev is not None and type(ev) is self._kind and len(free) < self.max_events:
                 free.append(ev)
 
-    def recycle_pairs(self, pairs: list[tuple[Any, list[Any]]]) -> None:
+    def recycle_pairs(self, pairs: Pairs) -> None:
         for ready, dones in pairs:
             self.recycle(ready, *dones)
 
-    def push(self, step: Pending) -> bool:
-        """Queue a step whose events are recorded; False (not queued) when full."""
-        if len(self.pending) >= self.max_pending:
-            return False
-        self.pending.append(step)
-        return True
+    def mark(self) -> Any:
+        """A pool event recorded now on the current stream: a step's start. None when
+        the pool is spent (the step is then dropped)."""
+        try:
+            ev = self.free.pop()
+        except IndexError:
+            ev = self.event()
+            if ev is None:
+                return None
+        ev.record()
+        return ev
+
+    def queue(self, number: int, warm: bool, tokens: int, flops: float, data: float,
+              gap: float, start: Any, pairs: Pairs) -> bool:  # fmt: skip
+        """Record the end of the step that ``start`` began and queue the step for
+        ``resolve``. False when it is dropped (the pool spent, or :data:`MAX_PENDING`
+        steps waiting): its events are recycled, and its time goes to the next step,
+        measured from the last queued end, as a failed step's does."""
+        if start is not None:
+            try:
+                end = self.free.pop()
+            except IndexError:
+                end = self.event()
+            pending = self.pending
+            if end is not None and len(pending) < self.max_pending:
+                end.record()
+                pending.append(
+                    (number, warm, tokens, flops, data, gap, self._last_end, start, end, pairs)
+                )
+                self._last_end = end
+                return True
+            self.recycle(start, end)
+        self.recycle_pairs(pairs)
+        return False
 
     def resolve(self, final: bool) -> list[PendingStep | None]:
         """The records of the leading steps whose events have completed, in order;
@@ -177,7 +209,7 @@ def _completed(step: Pending) -> bool:
     return all(d.query() for _, dones in step[9] for d in dones)
 
 
-def comm_seconds(pairs: list[tuple[Any, list[Any]]]) -> float:
+def comm_seconds(pairs: Pairs) -> float:
     """Exposed comm of a step's backward passes: per pass, ready → latest done."""
     total = 0.0
     for ready, dones in pairs:

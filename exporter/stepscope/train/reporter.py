@@ -46,11 +46,14 @@ from stepscope.train._env import (
     placement_from_env,
 )
 from stepscope.train._sender import DatagramSender
-from stepscope.train._timeline import CudaTimeline, comm_seconds, step_record
+from stepscope.train._timeline import CudaTimeline, Pairs, comm_seconds, step_record
 
 log = logging.getLogger("stepscope.train")
 
 T = TypeVar("T")
+
+_clock = time.perf_counter
+_NO_COMM: tuple[float, Pairs] = (0.0, ())
 
 
 def _check_count(name: str, value: object, *, minimum: int) -> int:
@@ -297,7 +300,6 @@ class StepReporter:
         self._comm = _Comm()
         self._watching = False
         self._timeline: CudaTimeline | None = None
-        self._prev_end: Any = None
         self._start_event: Any = None
         self._logged: set[str] = set()
         self.nccl_debug_file: str | None = None
@@ -451,13 +453,10 @@ class StepReporter:
                 self._discard_comm()  # all-reduces outside a step belong to no step
             timeline = self._timeline
             if timeline is not None:  # CUDA events: the hot path is one record()
-                ev = timeline.event()
-                if ev is not None:  # None: the pool is spent; this step is dropped
-                    ev.record()
-                self._start_event = ev
+                self._start_event = timeline.mark()  # None: pool spent, step dropped
             elif self._cuda:  # sync=True
                 self._torch.cuda.synchronize()
-            now = time.perf_counter()
+            now = _clock()
             if self._mark is None:
                 self._mark = now
             self._enter_at = now
@@ -467,6 +466,8 @@ class StepReporter:
             self._warn_once("enter", "stepscope: step start failed: %r", err)
 
     def _exit(self, ok: bool) -> None:
+        # The hot path of every step: locals over repeated attribute reads, no call
+        # that the common case (int tokens, FLOPs from the constructor) does not need.
         try:
             if not self._open:
                 return
@@ -479,84 +480,67 @@ class StepReporter:
                     self._start_event = None
                 self._discard_comm()
                 return
-            if self._cuda and timeline is None:
+            if timeline is None and self._cuda:
                 self._torch.cuda.synchronize()
-            end = time.perf_counter()
-            mark = self._mark if self._mark is not None else self._enter_at
-            gap = self._enter_at - mark
-            data = min(self._data, gap) if self._data > 0.0 else 0.0
+            end = _clock()
+            enter_at = self._enter_at
+            mark = self._mark
+            if mark is None:
+                mark = enter_at
+            gap = enter_at - mark
+            data = self._data
+            if data:
+                data = min(data, gap) if data > 0.0 else 0.0
+                self._data = 0.0
             self._mark = end
-            self._data = 0.0
-            tokens, flops = self._work()
+            tokens = self._tokens
+            if type(tokens) is not int or tokens < 0:
+                tokens = self._coerce_tokens(tokens)
+            flops = self._flops
+            if flops is None:
+                flops = self.flops_per_step
+                if flops is None:
+                    per_token = self.flops_per_token
+                    flops = 0.0 if per_token is None else per_token * tokens
+            else:
+                flops = self._checked_flops(flops)
             number = self._next_number
-            warm = self._reported < self.warmup_steps
-            self._next_number += 1
-            self._reported += 1
-            comm_host, pairs = self._comm.take() if self._watching else (0.0, [])
+            self._next_number = number + 1
+            reported = self._reported
+            self._reported = reported + 1
+            warm = reported < self.warmup_steps
+            comm_host, pairs = self._comm.take() if self._watching else _NO_COMM
             if timeline is not None:
-                self._queue_cuda(timeline, number, warm, tokens, flops, data, gap, pairs)
+                start = self._start_event
+                self._start_event = None
+                if timeline.queue(number, warm, tokens, flops, data, gap, start, pairs):
+                    self._sender.start()
+                else:
+                    self._sender.drop()
                 return
-            body = end - self._enter_at
+            body = end - enter_at
             comm = comm_host + (comm_seconds(pairs) if pairs else 0.0)  # sync: completed
             self._send(number, warm, end - mark, data, body, comm, tokens, flops)
         except Exception as err:
             self._sender.drop()
             self._warn_once("exit", "stepscope: step end failed: %r", err)
 
-    def _queue_cuda(
-        self,
-        timeline: CudaTimeline,
-        number: int,
-        warm: bool,
-        tokens: int,
-        flops: float,
-        data: float,
-        gap: float,
-        pairs: list[tuple[Any, list[Any]]],
-    ) -> None:
-        """Record the step's end event and queue it for the sender thread to read. A
-        spent pool or a full queue drops the step (counted); its time then goes to the
-        next step (measured from the last queued end), as a failed step's does."""
-        start, self._start_event = self._start_event, None
-        end = timeline.event() if start is not None else None
-        if end is not None:
-            end.record()
-            if timeline.push(
-                (number, warm, tokens, flops, data, gap, self._prev_end, start, end, pairs)
-            ):
-                self._prev_end = end
-                self._sender.start()
-                return
-        timeline.recycle(start, end)
-        timeline.recycle_pairs(pairs)
-        self._sender.drop()
-
     def _discard_comm(self) -> None:
         _, pairs = self._comm.take()
         if pairs and self._timeline is not None:
             self._timeline.recycle_pairs(pairs)
 
-    def _work(self) -> tuple[int, float]:
-        """This step's tokens and FLOPs; a bad value becomes 0 and is counted."""
-        tokens = self._tokens
-        if type(tokens) is not int or tokens < 0:
-            tokens = self._coerce_tokens(tokens)
-        flops = self._flops
-        if flops is None:
-            if self.flops_per_step is not None:
-                return tokens, self.flops_per_step
-            if self.flops_per_token is not None:
-                return tokens, self.flops_per_token * tokens
-            return tokens, 0.0
+    def _checked_flops(self, flops: Any) -> float:
+        """``step(flops=...)`` as a float; a bad value becomes 0 and is counted."""
         try:
-            flops = float(flops)
-            if math.isfinite(flops) and flops >= 0.0:
-                return tokens, flops
+            value = float(flops)
+            if math.isfinite(value) and value >= 0.0:
+                return value
         except (TypeError, ValueError):
             pass
         self.invalid += 1
         self._warn_once("flops", "stepscope: step(flops=%r) is not a number >= 0; sent 0", flops)
-        return tokens, 0.0
+        return 0.0
 
     def _coerce_tokens(self, tokens: Any) -> int:
         try:
