@@ -15,9 +15,12 @@ many datagrams were received and dropped.
 
 ``--device cuda`` times the CUDA-event path instead (torch with a GPU; the reporter
 records events at each boundary and reads them later): the same cases, an empty body
-(the GPU idles, so events complete at once). ``--sdk DIR`` benchmarks the SDK found in
-DIR (another checkout's ``exporter/``, e.g. a release before a change) with this same
-harness. ``--out DIR`` also writes the table and a JSON of the figures there.
+(the GPU idles, so events complete at once), and where that cost goes: the same loop
+with only one or two ``torch.Event.record()`` calls in place of the step (no SDK), and
+the SDK with Python stand-ins for its events (its Python alone). ``--sdk DIR``
+benchmarks the SDK found in DIR (another checkout's ``exporter/``, e.g. a release before
+a change) with this same harness. ``--out DIR`` also writes the table and a JSON of the
+figures there.
 
     python3 benchmarks/bench_sdk.py [--steps 20000] [--gap-us 200] [--device cpu|cuda]
                                     [--sdk DIR] [--out DIR]
@@ -109,6 +112,65 @@ def reporter(path: str, cuda: bool = False) -> Any:
     )
 
 
+class FakeEvent:
+    """A stand-in for a timing event: Python calls, no CUDA."""
+
+    __slots__ = ()
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return 0.0
+
+
+def cuda_floors(steps: int, gap_ns: int, absent: str) -> list[Row]:
+    """The step's two parts measured apart: event records alone, the SDK's Python alone."""
+    import torch
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    pool = [torch.Event(device, enable_timing=True) for _ in range(64)]
+    for ev in pool:
+        ev.record()
+    torch.cuda.synchronize()
+
+    class Records:  # quacks like a reporter whose step() is n records
+        def __init__(self, n: int) -> None:
+            self.n, self.i = n, 0
+
+        def step(self, tokens: int = 0) -> Records:
+            return self
+
+        def __enter__(self) -> None:
+            if self.n == 2:
+                pool[self.i % 64].record()
+                self.i += 1
+
+        def __exit__(self, *exc: object) -> None:
+            pool[self.i % 64].record()
+            self.i += 1
+
+    rows: list[Row] = [
+        ("floor: 2 x torch.Event.record()", time_steps(Records(2), steps, gap_ns), "no SDK"),
+        ("floor: 1 x torch.Event.record()", time_steps(Records(1), steps, gap_ns), "no SDK"),
+    ]
+    from stepscope.train import reporter as module
+
+    real = module._event_factory
+    module._event_factory = lambda torch: FakeEvent
+    try:
+        rep = reporter(absent, cuda=True)
+        samples = time_steps(rep, steps, gap_ns)
+        rep.close()
+    finally:
+        module._event_factory = real
+    rows.append(("step(): events faked (Python only)", samples, "exporter absent"))
+    return rows
+
+
 def run(steps: int, gap_ns: int, cuda: bool = False) -> list[Row]:
     rows: list[Row] = [("timer alone (perf_counter_ns pair)", time_timer(steps), "")]
     tmp = tempfile.mkdtemp(prefix="ssb")
@@ -147,6 +209,9 @@ def run(steps: int, gap_ns: int, cuda: bool = False) -> list[Row]:
     rep.close(timeout=0.1)
     rows.append(("step(): socket full (never read)", samples, f"dropped {rep.dropped}"))
     sink.close()
+
+    if cuda:
+        rows.extend(cuda_floors(steps, gap_ns, os.path.join(tmp, "absent.sock")))
 
     data = list(range(steps))
     plain = time_next(iter(data), steps)
