@@ -6,7 +6,12 @@ building a Python ``Stream`` for ``torch.cuda.current_stream()``) and appends a 
 tuple to the pending queue. The sender thread, every tick, reads the steps whose events
 have completed (``query()`` never blocks), turns them into records and returns the
 events to the pool. So ``query()`` and ``elapsed_time()`` (~0.6 and ~1.6 µs each) never
-run on the training thread, and after warm-up no event is created per step.
+run on the training thread, and after warm-up no event is created per step. All three
+keep the GIL (measured on the H200), so a step never hands it to the sender thread.
+
+Two events per step, because the GPU may idle between steps: the start event is what
+tells the loop's own time and the data wait the GPU saw apart from compute; the previous
+step's end cannot stand in for it (docs/benchmarks.md has the cost of each, measured).
 
 Bounded and never blocking: at most :data:`MAX_PENDING` steps wait for their events and
 at most :data:`MAX_EVENTS` events exist; beyond either the step is dropped and counted
