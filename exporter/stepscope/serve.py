@@ -145,7 +145,10 @@ async def run_server(
     guard = ConnectionGuard(cfg.max_connections, cfg.http_request_timeout, KEEPALIVE_S)
     sources = build_sources(cfg, backend, aggregator, guard)
     sampler = Sampler(
-        sources.registry, settings_of(cfg), build_labels={"backend": backend.name}
+        sources.registry,
+        settings_of(cfg),
+        build_labels={"backend": backend.name},
+        manage_gc=True,
     )
     await asyncio.to_thread(sampler.sample_once)  # first scrape is never empty
     sampler.start()
