@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stepscope.core import memory
 from stepscope.core.exposition import Family, render
 from stepscope.core.health import health_families, process_families
 from stepscope.core.labels import (
@@ -432,6 +433,7 @@ class Sampler:
             if self._manage_gc and self._clock() - collected_at >= FULL_COLLECT_SECONDS:
                 collected_at = self._clock()
                 gc.collect()
+                memory.trim()  # what the collection and the pass freed goes back to the OS
             interval = self._settings.interval
             next_at += interval
             now = self._clock()
