@@ -226,3 +226,51 @@ def test_a_serving_sampler_runs_the_full_collection_itself_and_gives_it_back(
     finally:
         sampler.stop()
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_the_full_collection_runs_just_after_a_pass_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sampler's full collection (a pause of ~100 ms at 512 ranks) waits for the pass
+    it follows to be read, the moment furthest from the next read, instead of running
+    as the pass is published, when a scraper that reads soon after each pass comes."""
+    import gc
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from stepscope.core import sampler as sampler_module
+
+    seen: list[float | None] = []  # the pass's read time when each collection ran
+    sampler = make_sampler(SimulatedBackend(default_scenario(1)), interval=0.3)
+    fake_gc = SimpleNamespace(
+        collect=lambda *_: seen.append(sampler.latest.read_at),
+        freeze=gc.freeze, unfreeze=gc.unfreeze,
+        get_threshold=gc.get_threshold, set_threshold=gc.set_threshold,
+    )  # fmt: skip
+    monkeypatch.setattr(sampler_module, "gc", fake_gc)
+    monkeypatch.setattr(sampler_module, "FULL_COLLECT_SECONDS", 0.0)  # after every pass
+    sampler._manage_gc = True
+    done = threading.Event()
+
+    def scraper() -> None:  # reads each pass 0.1 s after it is published
+        last = None
+        while not done.is_set():
+            latest = sampler.latest
+            if latest is not None and latest is not last:
+                last = latest
+                time.sleep(0.1)
+                assert latest.body
+            time.sleep(0.01)
+
+    reader = threading.Thread(target=scraper)
+    sampler.start()
+    reader.start()
+    try:
+        wait_for(lambda: len(seen) >= 8, timeout=30.0)
+    finally:
+        done.set()
+        reader.join()
+        sampler.stop()
+    read_first = sum(at is not None for at in seen[1:])
+    assert read_first >= (len(seen) - 1) * 3 // 4, seen

@@ -51,7 +51,7 @@ MAX_READERS = 4
 # objects, and CPython's own schedule scanned them every 5-10 s, 70-110 ms each with the
 # GIL held, so every thread stalled (scrapes waited behind it). The exporter's data is
 # freed by reference counting; only reference cycles need the collector, and the young
-# generations still collect those automatically.
+# generations still collect those automatically. Run just after a pass is read.
 FULL_COLLECT_SECONDS = 60.0
 
 log = logging.getLogger("stepscope.sampler")
@@ -426,16 +426,22 @@ class Sampler:
         next_at = self._clock()
         collected_at = next_at
         while not self._stop.is_set():
+            published = None
             try:
-                self.sample_once()
+                published = self.sample_once()
             except Exception:  # never let the sampling thread die silently
                 log.exception("sampling pass failed")
+            interval = self._settings.interval
+            next_at += interval
             if self._manage_gc and self._clock() - collected_at >= FULL_COLLECT_SECONDS:
+                # Right after this pass is read: the longest time before the next read
+                # (a scraper reading soon after each pass would otherwise meet the pause
+                # once a minute). Nobody reading by the next pass: collect then.
+                if published is not None:
+                    published.wait_read(max(0.0, next_at - self._clock()))
                 collected_at = self._clock()
                 gc.collect()
                 memory.trim()  # what the collection and the pass freed goes back to the OS
-            interval = self._settings.interval
-            next_at += interval
             now = self._clock()
             if next_at < now:  # fell behind (suspend, slow NVML): skip, don't burst
                 next_at = now + interval

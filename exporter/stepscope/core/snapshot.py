@@ -65,8 +65,8 @@ class Published:
     """
 
     __slots__ = (
-        "_clock", "_lock", "_make_body", "_memo", "gzip_requested", "read_at", "results",
-        "snapshot",
+        "_clock", "_lock", "_make_body", "_memo", "_read", "gzip_requested", "read_at",
+        "results", "snapshot",
     )
 
     def __init__(
@@ -84,6 +84,7 @@ class Published:
         # when the exposition was first asked for (the sampler's rendering ahead is not
         # asking): the sampler learns from it when the next scrape will come
         self.read_at: float | None = None
+        self._read = threading.Event()
         self.gzip_requested = False
         self._make_body: Callable[[], bytes] | None = None
         if isinstance(body, bytes):
@@ -99,6 +100,11 @@ class Published:
     def _asked(self) -> None:
         if self.read_at is None:
             self.read_at = self._clock()
+            self._read.set()
+
+    def wait_read(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the exposition to be asked for; whether it was."""
+        return self._read.wait(timeout)
 
     @property
     def body(self) -> bytes:
