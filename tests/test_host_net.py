@@ -75,11 +75,13 @@ def test_a_rank_process_reads_its_dataloader_workers_and_their_cpu() -> None:
         deadline = time.monotonic() + 15
         reading = first
         while time.monotonic() < deadline:
+            # half a second between two readings: CPU time moves in 10 ms ticks, so a
+            # reading a few ms after the last one can read 1 tick as a whole core
+            time.sleep(0.5)
             reading = source.read_pids([os.getpid()])
             proc = reading.processes[os.getpid()]
             if proc.workers == 2 and proc.workers_cpu_cores > 0.5:
                 break
-            time.sleep(0.2)  # let CPU time accrue between two readings
         proc = reading.processes[os.getpid()]
         assert proc.workers == 2
         assert 0.5 < proc.workers_cpu_cores < 1.3  # one spinning worker, one sleeping
