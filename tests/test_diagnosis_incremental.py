@@ -34,6 +34,7 @@ from stepscope.diagnose.engine import diagnose
 from stepscope.diagnose.faults import FaultTracker
 from stepscope.diagnose.finished import FinishedTracker
 from stepscope.diagnose.model import Diagnosis, Verdict
+from stepscope.diagnose.page import render_status_page
 from stepscope.diagnose.thresholds import Thresholds
 from stepscope.diagnose.window import SnapshotWindow
 from stepscope.gpu.simulated import SimulatedBackend, parse_scenario
@@ -394,6 +395,8 @@ def test_many_ranks_make_verdicts_when_read_and_at_least_every_few_seconds(ranks
         ours = lazy_pass.results[DIAGNOSIS]
         assert isinstance(ours, Diagnosis)
         made.append(lazy_pass.snapshot.timestamp - ours.timestamp)
+        page = render_status_page(lazy_pass, "ok")
+        assert (f"(made {made[-1]:.0f} s before this pass)" in page) == (made[-1] >= 0.5)
         if second % 10 == 9:  # a scraper reads every 10 s: the next read is expected
             assert lazy_pass.body and ref_pass.body
         if second >= 30:  # by now the reads' period is known: a read pass is fresh

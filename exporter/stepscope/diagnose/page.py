@@ -160,6 +160,9 @@ def render_status_page(published: Published | None, readiness: str) -> str:
         verdicts = diag.verdicts if diag else ()
         status = diag.status if diag else "unknown"
         window = f", verdicts over {diag.window_seconds:.0f} s" if diag else ""
+        if diag and diag.timestamp and snapshot.timestamp - diag.timestamp >= 0.5:
+            # above 64 ranks verdicts are made on the passes a scraper reads
+            window += f" (made {snapshot.timestamp - diag.timestamp:.0f} s before this pass)"
         summary = (
             f"Host <b>{html.escape(snapshot.hostname)}</b>, backend "
             f"<b>{html.escape(gpu.backend if gpu else 'none')}</b>, "
