@@ -81,6 +81,11 @@ class Family:
     def add(self, labels: str, value: float, suffix: str = "") -> None:
         self.samples.append((suffix, labels, value))
 
+    @classmethod
+    def single(cls, name: str, type: str, help: str, value: float, labels: str = "") -> Family:
+        """A family of one sample (a node-wide gauge or counter)."""
+        return cls(name, type, help, [("", labels, value)])
+
 
 def render(families: Iterable[Family]) -> bytes:
     """Write families in the text format; families without samples are skipped."""

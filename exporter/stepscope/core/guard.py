@@ -210,27 +210,30 @@ class HttpSource(Source[ConnectionCounts]):
         return ConnectionCounts(g.open_connections, g.rejected, g.timed_out, g.max_connections)
 
     def families(self, part: ConnectionCounts, labels: LabelSchema) -> Iterable[Family]:
-        open_ = Family(
-            "stepscope_http_connections",
-            GAUGE,
-            "HTTP connections the exporter holds now (max_connections caps them).",
-        )
-        open_.add("", float(part.open))
-        limit = Family(
-            "stepscope_http_max_connections", GAUGE, "The max_connections setting."
-        )
-        limit.add("", float(part.max_connections))
-        rejected = Family(
-            "stepscope_http_connections_rejected_total",
-            COUNTER,
-            "HTTP connections closed at accept because max_connections were open.",
-        )
-        rejected.add("", float(part.rejected))
-        timed_out = Family(
-            "stepscope_http_connections_timed_out_total",
-            COUNTER,
-            "HTTP connections closed for sending no complete request within "
-            "http_request_timeout (silent or slow-header clients).",
-        )
-        timed_out.add("", float(part.timed_out))
-        return [open_, limit, rejected, timed_out]
+        return [
+            Family.single(
+                "stepscope_http_connections",
+                GAUGE,
+                "HTTP connections the exporter holds now (max_connections caps them).",
+                float(part.open),
+            ),
+            Family.single(
+                "stepscope_http_max_connections",
+                GAUGE,
+                "The max_connections setting.",
+                float(part.max_connections),
+            ),
+            Family.single(
+                "stepscope_http_connections_rejected_total",
+                COUNTER,
+                "HTTP connections closed at accept because max_connections were open.",
+                float(part.rejected),
+            ),
+            Family.single(
+                "stepscope_http_connections_timed_out_total",
+                COUNTER,
+                "HTTP connections closed for sending no complete request within "
+                "http_request_timeout (silent or slow-header clients).",
+                float(part.timed_out),
+            ),
+        ]

@@ -38,18 +38,18 @@ def health_families(snapshot: Snapshot, build_labels: Mapping[str, str]) -> list
         ),
         1.0,
     )
-    duration = Family(
+    duration = Family.single(
         "stepscope_collect_duration_seconds",
         GAUGE,
         "Wall time of the last sampling pass over every source (reads, labels, analyses).",
+        snapshot.collect_duration_seconds,
     )
-    duration.add("", snapshot.collect_duration_seconds)
-    last = Family(
+    last = Family.single(
         "stepscope_last_collect_timestamp_seconds",
         GAUGE,
         "Unix time of the last completed sampling pass (staleness: compare to time()).",
+        snapshot.timestamp,
     )
-    last.add("", snapshot.timestamp)
     success = Family(
         "stepscope_collector_success",
         GAUGE,

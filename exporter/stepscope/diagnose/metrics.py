@@ -36,10 +36,10 @@ def diagnosis_families(diag: Diagnosis, labels: LabelSchema) -> list[Family]:
             kind.add(join_labels(lbl, k), 1.0 if v.kind == name else 0.0)
         for name, m in zip(MODIFIERS, _MODIFIER, strict=True):
             modifier.add(join_labels(lbl, m), 1.0 if name in v.modifiers else 0.0)
-    window = Family(
+    window = Family.single(
         "stepscope_diagnosis_window_seconds",
         GAUGE,
         "Time the snapshots behind the current verdicts span (up to the diagnosis window).",
+        diag.window_seconds,
     )
-    window.add("", diag.window_seconds)
     return [kind, modifier, window]

@@ -143,18 +143,18 @@ def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
 def ingest_families(view: TrainingView) -> list[Family]:
     """The ingest's health: bound or not, datagrams accepted, rejected and dropped by the
     kernel, ranks tracked."""
-    up = Family(
+    up = Family.single(
         "stepscope_ingest_up",
         GAUGE,
         "Whether the training ingest socket is bound (1) or could not be set up (0).",
+        1.0 if view.ingest_up else 0.0,
     )
-    up.add("", 1.0 if view.ingest_up else 0.0)
-    accepted = Family(
+    accepted = Family.single(
         "stepscope_ingest_datagrams_total",
         COUNTER,
         "Step datagrams accepted by the training ingest.",
+        float(view.accepted),
     )
-    accepted.add("", float(view.accepted))
     rejected = Family(
         "stepscope_ingest_rejected_total",
         COUNTER,
@@ -162,23 +162,24 @@ def ingest_families(view: TrainingView) -> list[Family]:
     )
     for reason, count in view.rejected.items():
         rejected.add(label_string((("reason", reason),)), float(count))
-    ranks = Family(
+    ranks = Family.single(
         "stepscope_training_ranks",
         GAUGE,
         "Training ranks tracked on this node (ranks silent for rank_expiry are dropped).",
+        float(len(view.ranks)),
     )
-    ranks.add("", float(len(view.ranks)))
     families = [up, accepted, rejected, ranks]
     if view.kernel_dropped is not None:  # absent where the kernel does not count them
-        dropped = Family(
-            "stepscope_ingest_kernel_dropped_total",
-            COUNTER,
-            "Datagrams the kernel dropped on the ingest socket because its receive buffer "
-            "was full (UDP; a Unix socket makes the sender wait or fail instead, counted "
-            "by the SDK).",
+        families.append(
+            Family.single(
+                "stepscope_ingest_kernel_dropped_total",
+                COUNTER,
+                "Datagrams the kernel dropped on the ingest socket because its receive "
+                "buffer was full (UDP; a Unix socket makes the sender wait or fail instead, "
+                "counted by the SDK).",
+                float(view.kernel_dropped),
+            )
         )
-        dropped.add("", float(view.kernel_dropped))
-        families.append(dropped)
     return families
 
 
