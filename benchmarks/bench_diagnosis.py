@@ -6,11 +6,12 @@ A real sampler (simulated 8-GPU node, the ingest's aggregator fed StepRecords di
 diagnosis as its analysis stage) runs on a fake clock: each simulated second every rank
 reports one step and the sampler makes one pass, so the window fills as in production
 without waiting. After the window is full, it times the next passes (median of
-``--passes``): the whole pass (reads, label schema, diagnosis, rendering), the diagnosis
-alone (its verdicts, ``DiagnosisAnalysis.run``) and the rendering of its metric families,
-plus one rendering of ``/api/v1/diagnosis`` and of the status page (made once per
-snapshot, whatever the request rate). "Core share at 1 s" is the pass time over the
-default 1 s interval: the share of one core the exporter spends sampling. Times are the
+``--passes``): the whole pass as nobody reads it (reads, label schema, the window; above
+64 ranks the verdicts only every 5 s), the diagnosis alone when it makes verdicts
+(``DiagnosisAnalysis.run``), the rendering of each pass's ``/metrics`` (what a scrape of it
+costs, made once per read) and of the diagnosis's families within it, plus one rendering
+of ``/api/v1/diagnosis`` and of the status page (made once per snapshot, whatever the
+request rate). "Core share at 1 s" is the pass time over the default 1 s interval. Times are the
 sampling thread's CPU time (``time.thread_time``), not wall time: on a shared machine
 the wall time also counts the moments other processes held the CPU.
 
@@ -121,6 +122,7 @@ def measure(ranks: int, window: float, timed_passes: int = 20, host: bool = Fals
     sampler = Sampler(registry, SamplerSettings("bench", 1.0, 10.0), clock=clock,
                       wall_clock=lambda: 1.7e9 + clock.t)  # fmt: skip
     step = 0
+    renders: list[float] = []
 
     def one_second() -> float:
         nonlocal step
@@ -132,12 +134,15 @@ def measure(ranks: int, window: float, timed_passes: int = 20, host: bool = Fals
             ))  # fmt: skip
         step += 1
         t0 = time.thread_time()
-        sampler.sample_once()
-        return time.thread_time() - t0
+        published = sampler.sample_once()
+        t1 = time.thread_time()
+        published.render()  # what a scrape of this pass costs (not asking: no forecast)
+        renders.append(time.thread_time() - t1)
+        return t1 - t0
 
     for _ in range(int(window) + 2):  # fill the window
         one_second()
-    del diagnosis.run_s[:], diagnosis.families_s[:]
+    del diagnosis.run_s[:], diagnosis.families_s[:], renders[:]
     passes = [one_second() for _ in range(timed_passes)]
     latest = sampler.latest
     assert latest is not None
@@ -154,6 +159,7 @@ def measure(ranks: int, window: float, timed_passes: int = 20, host: bool = Fals
         "pass_max_ms": max(passes) * 1e3,
         "diagnosis_ms": statistics.median(diagnosis.run_s) * 1e3,
         "families_ms": statistics.median(diagnosis.families_s) * 1e3,
+        "render_ms": statistics.median(renders) * 1e3,
         "api_ms": api_s * 1e3,
         "api_kb": len(body) / 1024,
         "page_ms": page_s * 1e3,
@@ -211,16 +217,16 @@ def main() -> int:
                   f"{e['verdicts']:.0f} | {e['rate']:.0f} | {e['blocked']:.0f} | "
                   f"{e['load']:.1f} | {e['seconds']:.0f} |", flush=True)
         return 0
-    print("| ranks | window s | pass ms (median) | pass ms (max) | diagnosis ms | its "
-          "families ms | core share at 1 s | /api/v1/diagnosis ms, KB (once per pass) | "
-          "status page ms, KB |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| ranks | window s | pass ms (median) | pass ms (max) | diagnosis ms (when made) "
+          "| its families ms | core share at 1 s | /metrics render ms (once per read) | "
+          "/api/v1/diagnosis ms, KB (once per pass) | status page ms, KB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for window in args.windows:
         for ranks in args.ranks:
             r = measure(ranks, window, args.passes, args.host)
             print(f"| {ranks} | {window:g} | {r['pass_ms']:.1f} | {r['pass_max_ms']:.1f} | "
                   f"{r['diagnosis_ms']:.1f} | {r['families_ms']:.1f} | "
-                  f"{100 * r['core_share']:.1f}% | "
+                  f"{100 * r['core_share']:.1f}% | {r['render_ms']:.1f} | "
                   f"{r['api_ms']:.1f}, {r['api_kb']:.0f} | {r['page_ms']:.1f}, "
                   f"{r['page_kb']:.0f} |", flush=True)
     return 0
