@@ -362,7 +362,8 @@ class Sampler:
             return render(self._render(pieces, analysed, labels, snapshot))
 
         published = Published(snapshot, results, exposition, self._clock)
-        published.render_ahead(body=due, gzipped=due and self._reads.gzip)
+        if due:
+            published.render_ahead(gzipped=self._reads.gzip)
         self._latest = published
         self.passes += 1
         return published

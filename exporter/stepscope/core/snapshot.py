@@ -57,11 +57,10 @@ class Snapshot:
 class Published:
     """A snapshot, its analyses' results and its exposition, rendered at most once,
     served many times. The exposition is rendered when first asked for, unless the
-    sampler rendered it ahead (it does while recent snapshots' were asked for: a scraper
-    reading every pass gets bytes ready, a 15 s scrape of a 1 s sampler does not make 14
-    renders nobody reads); the gzip form likewise. Other renderings (JSON, the
-    status page) are made on the first request that asks for them and kept for the life
-    of this snapshot.
+    sampler rendered it ahead (for a pass it expects a scraper to read: its
+    ``ReadForecast`` learns from ``read_at``); the gzip form likewise. Other renderings
+    (JSON, the status page) are made on the first request that asks for them and kept
+    for the life of this snapshot.
     """
 
     __slots__ = (
@@ -151,10 +150,10 @@ class Published:
         """The gzip form, made once; does not count as a request."""
         return self.memo(GZIP, lambda: gzip.compress(self.render(), compresslevel=1, mtime=0))
 
-    def render_ahead(self, body: bool, gzipped: bool) -> None:
-        """Make now, on the caller's thread, the renderings recent snapshots were asked
-        for: a scraper reading every pass then finds its bytes (gzip too) ready."""
+    def render_ahead(self, gzipped: bool) -> None:
+        """Make the exposition now, on the caller's thread (``gzipped``: its gzip form
+        too), so the scrape expected for this snapshot finds its bytes ready."""
         if gzipped:
             self.render_gzip()
-        elif body:
+        else:
             self.render()

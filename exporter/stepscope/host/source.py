@@ -144,12 +144,11 @@ class HostSource(Source[HostReading]):
                     tracked.helpers.add(child_pid)
                     continue
                 cpu = _cpu_seconds(child)
-                prev = known
                 # a child seen for the first time is only a baseline: its CPU before
                 # this interval can't be told apart (create_time is only as exact as
                 # the boot time's whole second), and counting it read 3.5 cores on 2
-                if prev is not None:
-                    workers_cpu += max(0.0, cpu - prev[1])
+                if known is not None:
+                    workers_cpu += max(0.0, cpu - known[1])
             except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                 continue
             seen[child.pid] = (child, cpu)

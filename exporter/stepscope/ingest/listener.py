@@ -253,6 +253,15 @@ def kernel_drops(sock: socket.socket) -> int | None:
     return int(struct.unpack_from("I", raw, 4 * _MEMINFO_DROPS)[0])
 
 
+def _recv_failed(exc: OSError) -> None:
+    """A receive that ends a drain: the queue is empty (or a signal came), as usual;
+    anything else is logged at debug level (a drain never raises)."""
+    if isinstance(exc, (BlockingIOError, InterruptedError)):
+        return
+    if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
+        log.debug("ingest recv failed: %s", exc)
+
+
 class PidCheck:
     """Whether the pid a datagram reports is the sender's, given the kernel's pid.
 
@@ -396,11 +405,8 @@ class IngestListener:
         for _ in range(MAX_BATCH):
             try:
                 data = recv(size)
-            except (BlockingIOError, InterruptedError):
-                return
             except OSError as exc:
-                if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
-                    log.debug("ingest recv failed: %s", exc)
+                _recv_failed(exc)
                 return
             try:
                 rec = parse_datagram(data, agg.limits)
@@ -430,11 +436,8 @@ class IngestListener:
         for _ in range(MAX_BATCH):
             try:
                 data, ancillary, _flags, _addr = recvmsg(size, _CRED_SPACE)
-            except (BlockingIOError, InterruptedError):
-                return
             except OSError as exc:
-                if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
-                    log.debug("ingest recv failed: %s", exc)
+                _recv_failed(exc)
                 return
             try:
                 # the common case, one credentials message, first; else the slow path

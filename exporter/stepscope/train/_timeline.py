@@ -131,13 +131,9 @@ class CudaTimeline:
     def mark(self) -> Any:
         """A pool event recorded now on the current stream: a step's start. None when
         the pool is spent (the step is then dropped)."""
-        try:
-            ev = self.free.pop()
-        except IndexError:
-            ev = self.event()
-            if ev is None:
-                return None
-        ev.record()
+        ev = self.event()
+        if ev is not None:
+            ev.record()
         return ev
 
     def queue(self, number: int, warm: bool, tokens: int, flops: float, data: float,
@@ -147,10 +143,7 @@ class CudaTimeline:
         steps waiting): its events are recycled, and its time goes to the next step,
         measured from the last queued end, as a failed step's does."""
         if start is not None:
-            try:
-                end = self.free.pop()
-            except IndexError:
-                end = self.event()
+            end = self.event()
             pending = self.pending
             if end is not None and len(pending) < self.max_pending:
                 end.record()
