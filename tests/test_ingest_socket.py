@@ -10,13 +10,13 @@ lost 6.75 M datagrams in the kernel without a trace in the exporter's metrics.
 from __future__ import annotations
 
 import array
-import asyncio
 import json
 import os
 import shutil
 import socket
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,31 +43,29 @@ def base() -> Iterator[Path]:
 
 
 class Running:
-    """An IngestListener on a private event loop, pumped by the test (no threads)."""
+    """An IngestListener with its receiving thread, and its aggregator."""
 
     def __init__(self, url: str, **kwargs: Any) -> None:
         self.aggregator = Aggregator()
-        self.loop = asyncio.new_event_loop()
         self.listener = IngestListener(url, self.aggregator, **kwargs)
 
     def start(self) -> bool:
-        return self.listener.start(self.loop)
+        return self.listener.start()
 
     def pump_until(
         self, done: Callable[[TrainingView], bool], timeout: float = 15.0
     ) -> TrainingView:
-        """Run the loop (the listener drains) until ``done(view)``, with a deadline."""
+        """Poll the aggregator until ``done(view)``, with a deadline."""
         deadline = time.monotonic() + timeout
         while True:
             view = self.aggregator.view()
             if done(view):
                 return view
             assert time.monotonic() < deadline, f"not reached; last view {view!r}"
-            self.loop.run_until_complete(asyncio.sleep(0.01))
+            time.sleep(0.01)
 
     def close(self) -> None:
         self.listener.close()
-        self.loop.close()
 
 
 @pytest.fixture
@@ -229,3 +227,49 @@ def test_file_descriptors_a_sender_attaches_are_not_kept(
             sender.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], 0, str(path))
             r.pump_until(lambda v, n=i: v.accepted == n)
     assert len(os.listdir("/proc/self/fd")) == open_before
+
+
+def test_what_was_sent_before_close_is_aggregated_and_the_thread_ends(
+    base: Path, running: list[Running]
+) -> None:
+    # the receiving thread keeps a batch up to BATCH_SECONDS before aggregating it, and
+    # the kernel may still queue some: close() takes both, it drops neither
+    path = base / "ingest.sock"
+    r = listen(running, f"unix://{path}")
+    assert r.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.connect(str(path))
+        for s in range(8):  # under the kernel's default queue of 10
+            sender.send(json.dumps(step("closing", 0, s, time.time(), None)).encode())
+    r.listener.close()
+    view = r.aggregator.view()
+    assert view.accepted == 8, view
+    assert not r.listener.up and not path.exists()
+    assert [t for t in threading.enumerate() if t.name == "stepscope-ingest"] == []
+
+
+def test_a_failure_while_aggregating_is_counted_and_the_ingest_keeps_going(
+    base: Path, running: list[Running], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = base / "ingest.sock"
+    r = listen(running, f"unix://{path}")
+    real_add = r.aggregator.add
+    calls = 0
+
+    def add_failing_once(*args: Any, **kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug in the aggregator")
+        real_add(*args, **kwargs)
+
+    r.aggregator.add = add_failing_once  # type: ignore[method-assign]
+    assert r.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.connect(str(path))
+        for s in range(3):
+            sender.send(json.dumps(step("buggy", 0, s, time.time(), None)).encode())
+    view = r.pump_until(lambda v: v.accepted == 2)
+    assert view.rejected.get("internal") == 1, view.rejected
+    (line,) = [rec for rec in caplog.records if "ingest datagram failed" in rec.getMessage()]
+    assert line.exc_info is not None  # the traceback is in the log, once

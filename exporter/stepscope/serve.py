@@ -143,7 +143,7 @@ async def run_server(
     ingest = IngestListener(
         cfg.ingest, aggregator, IngestAccess(mode=cfg.ingest_mode, group=cfg.ingest_group)
     )
-    ingest.start(loop)  # a failure is logged once and served as stepscope_ingest_up 0
+    ingest.start()  # a failure is logged once and served as stepscope_ingest_up 0
     guard = ConnectionGuard(cfg.max_connections, cfg.http_request_timeout, KEEPALIVE_S)
     sources = build_sources(cfg, backend, aggregator, guard)
     sampler = Sampler(

@@ -23,19 +23,23 @@ asked for and binds loopback only.
 Binding failures never stop the exporter: it logs one warning, serves GPU metrics as
 usual and exports ``stepscope_ingest_up 0``.
 
-Why ``loop.add_reader`` and not ``create_datagram_endpoint``: asyncio's datagram
-transport reads one datagram per readiness callback, so a busy node would pay an
-event-loop iteration per step report. Here one callback drains the socket (up to
-:data:`MAX_BATCH` datagrams, then yields to HTTP). Target: 50,000 datagrams/s on one
-core with no loss (benchmarks/bench_ingest.py).
+Why a thread of its own, and batches: a node's ranks report a step each, spread over the
+second, and the kernel queues at most ``net.unix.max_dgram_qlen`` datagrams (10 by
+default) on a Unix socket, so every datagram must be read as it comes: a wake-up per
+datagram. On the event loop each cost an iteration (epoll, the handle, a failing
+``recvmsg``) and found the parser's and the aggregator's data cold: ~120 us of CPU per
+datagram in situ at 512 ranks (~14 us in a loop). Here a thread blocks in ``recvmsg``
+(one system call per datagram), keeps what it reads, and checks and aggregates a batch
+at once, :data:`BATCH_SECONDS` after its first datagram or at :data:`MAX_BATCH`: ~45 us
+a datagram (benchmarks/bench_diagnosis.py --exporter; docs/benchmarks.md). The
+aggregate is read once a second, so the batch's wait is never seen. A full kernel queue
+makes the SDK keep its steps for its next send, not lose them.
 """
 
 from __future__ import annotations
 
 import array
-import asyncio
 import contextlib
-import errno
 import ipaddress
 import logging
 import os
@@ -43,8 +47,12 @@ import socket
 import stat
 import struct
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stepscope.datagram import (
     MAX_DATAGRAM_BYTES,
@@ -57,7 +65,12 @@ from stepscope.ingest.aggregate import Aggregator, Sender
 
 log = logging.getLogger("stepscope.ingest")
 
-MAX_BATCH = 4096
+# A batch is checked and aggregated this long after its first datagram (or when it has
+# MAX_BATCH): long enough to find the code and the data warm, short against the 1 s pass.
+BATCH_SECONDS = 0.05
+MAX_BATCH = 256
+_BATCH_TIMEOUT = struct.pack("ll", 0, int(BATCH_SECONDS * 1e6))  # struct timeval
+_NO_TIMEOUT = struct.pack("ll", 0, 0)
 # Ask for a large receive buffer so bursts (all ranks ending a step together) queue
 # instead of dropping; the kernel caps it at net.core.rmem_max.
 RECEIVE_BUFFER_BYTES = 8 << 20
@@ -73,6 +86,9 @@ _SO_PASSCRED: int | None = getattr(socket, "SO_PASSCRED", None)
 _SO_MEMINFO = 55 if sys.platform == "linux" else None
 _MEMINFO_DROPS = 8
 _SENDER_CACHE = 1024  # distinct credentials remembered (a node has a few processes)
+
+# what recvmsg returns: the datagram, its control messages, flags, the sender's address
+_Received = tuple[bytes, list[tuple[int, int, bytes]], int, Any]
 
 
 class IngestError(OSError):
@@ -253,15 +269,6 @@ def kernel_drops(sock: socket.socket) -> int | None:
     return int(struct.unpack_from("I", raw, 4 * _MEMINFO_DROPS)[0])
 
 
-def _recv_failed(exc: OSError) -> None:
-    """A receive that ends a drain: the queue is empty (or a signal came), as usual;
-    anything else is logged at debug level (a drain never raises)."""
-    if isinstance(exc, (BlockingIOError, InterruptedError)):
-        return
-    if exc.errno not in (errno.ECONNREFUSED, errno.EAGAIN):
-        log.debug("ingest recv failed: %s", exc)
-
-
 class PidCheck:
     """Whether the pid a datagram reports is the sender's, given the kernel's pid.
 
@@ -318,7 +325,8 @@ class IngestListener:
         self._access = access or IngestAccess()
         self._receive_buffer = receive_buffer
         self._sock: socket.socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
         self._unix_path: Path | None = None
         self._unix_inode: int | None = None
         self._dir_fd: int | None = None
@@ -346,11 +354,11 @@ class IngestListener:
             sock = _bind_udp(*address.address)
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self._receive_buffer)
-        sock.setblocking(False)
+        sock.setblocking(True)  # the receiving thread blocks in recvmsg
         return sock
 
-    def start(self, loop: asyncio.AbstractEventLoop) -> bool:
-        """Bind and start reading on ``loop``; False (and one warning) if binding failed."""
+    def start(self) -> bool:
+        """Bind and start the receiving thread; False (and one warning) if binding failed."""
         try:
             sock = self._bind()
         except (OSError, ValueError) as exc:
@@ -363,12 +371,14 @@ class IngestListener:
             self._aggregator.set_listening(None)
             return False
         self._sock = sock
-        self._loop = loop
+        self._stopping = False
         # read once per pass by the sampler, not per datagram
         known = kernel_drops(sock) is not None
         self._aggregator.set_drop_counter((lambda: kernel_drops(sock)) if known else None)
-        drain = self._drain_unix if sock.family == socket.AF_UNIX else self._drain_udp
-        loop.add_reader(sock.fileno(), drain)
+        self._thread = threading.Thread(
+            target=self._receive, args=(sock,), name="stepscope-ingest", daemon=True
+        )
+        self._thread.start()
         self._aggregator.set_listening(self.url)
         buffer_kib = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 1024
         if sock.family == socket.AF_UNIX:
@@ -392,24 +402,76 @@ class IngestListener:
             )
         return True
 
-    def _drain_udp(self) -> None:
-        """Read every queued datagram (up to MAX_BATCH) and aggregate it; no sender."""
-        sock = self._sock
-        if sock is None:
-            return
-        recv = sock.recv
+    def _receive(self, sock: socket.socket) -> None:
+        """The receiving thread: read each datagram as it comes, take them in batches.
+
+        Blocks in ``recvmsg`` while nothing is pending; with a batch pending, waits at
+        most :data:`BATCH_SECONDS` (``SO_RCVTIMEO``) so a quiet moment still ends it.
+        ``close`` wakes it with ``shutdown``; what it holds then is taken, not lost."""
+        unix = sock.family == socket.AF_UNIX
+        take = self._take_unix if unix else self._take_udp
+        ancillary = _CRED_SPACE if unix else 0
+        recvmsg = sock.recvmsg
+        size = MAX_DATAGRAM_BYTES + 1  # a longer datagram is truncated to this: oversize
+        clock = time.monotonic
+        batch: list[_Received] = []
+        due = 0.0
+        timed = False  # SO_RCVTIMEO is set
+        after_stop = MAX_BATCH  # datagrams still read once stopping (UDP may keep coming)
+        while True:
+            try:
+                item = recvmsg(size, ancillary)
+            except OSError as exc:
+                if self._stopping:
+                    break
+                if not isinstance(exc, (BlockingIOError, InterruptedError)):  # not a timeout
+                    log.debug("ingest recv failed: %s", exc)
+                    time.sleep(BATCH_SECONDS)  # a broken socket must not spin a core
+            else:
+                if self._stopping:
+                    # shut down: the queue is read to its end, then recvmsg returns an
+                    # empty read with no sender (a sender's empty datagram has one)
+                    after_stop -= 1
+                    if (not item[0] and not item[1] and item[3] is None) or after_stop < 0:
+                        break
+                if not batch:
+                    due = clock() + BATCH_SECONDS
+                batch.append(item)
+                if len(batch) < MAX_BATCH and clock() < due:
+                    if not timed:
+                        timed = self._timeout(sock, _BATCH_TIMEOUT)
+                    continue
+            if batch:
+                self._take(take, batch)
+                batch = []
+            if timed:
+                timed = not self._timeout(sock, _NO_TIMEOUT)
+        if batch:
+            self._take(take, batch)
+
+    @staticmethod
+    def _timeout(sock: socket.socket, timeval: bytes) -> bool:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        except OSError:
+            return False
+        return True
+
+    def _take(self, take: Callable[[list[_Received]], None], batch: list[_Received]) -> None:
+        try:
+            take(batch)
+        except Exception:  # a bug must not stop the ingest or the exporter
+            self._internal("processing an ingest batch failed")
+
+    def _take_udp(self, batch: list[_Received]) -> None:
+        """Check and aggregate datagrams that came with no sender (UDP)."""
         agg = self._aggregator
         add = agg.add
         reject = agg.reject
-        size = MAX_DATAGRAM_BYTES + 1  # a longer datagram is truncated to this: oversize
-        for _ in range(MAX_BATCH):
+        limits = agg.limits
+        for data, _ancillary, _flags, _addr in batch:
             try:
-                data = recv(size)
-            except OSError as exc:
-                _recv_failed(exc)
-                return
-            try:
-                rec = parse_datagram(data, agg.limits)
+                rec = parse_datagram(data, limits)
                 if isinstance(rec, Rejection):
                     reject(rec.reason)
                 else:
@@ -417,28 +479,19 @@ class IngestListener:
             except Exception:  # a bug must not stop the ingest or the exporter
                 self._internal("processing an ingest datagram failed")
 
-    def _drain_unix(self) -> None:
-        """Read every queued datagram (up to MAX_BATCH) with its sender; check and
-        aggregate it. The sender's credentials come with every datagram."""
-        sock = self._sock
-        if sock is None:
-            return
-        recvmsg = sock.recvmsg
+    def _take_unix(self, batch: list[_Received]) -> None:
+        """Check and aggregate datagrams with their senders, whose credentials the
+        kernel attached to every one."""
         agg = self._aggregator
         add = agg.add
         reject = agg.reject
+        limits = agg.limits
         settings = agg.settings
         allow_uids, allow_gids = settings.allow_uids, settings.allow_gids
         restricted = bool(allow_uids or allow_gids)
         senders = self._senders
         pid_matches = self._pids.matches
-        size = MAX_DATAGRAM_BYTES + 1  # a longer datagram is truncated to this: oversize
-        for _ in range(MAX_BATCH):
-            try:
-                data, ancillary, _flags, _addr = recvmsg(size, _CRED_SPACE)
-            except OSError as exc:
-                _recv_failed(exc)
-                return
+        for data, ancillary, _flags, _addr in batch:
             try:
                 # the common case, one credentials message, first; else the slow path
                 if len(ancillary) == 1 and ancillary[0][1] == _SCM_CREDENTIALS:
@@ -452,7 +505,7 @@ class IngestListener:
                 if restricted and sender.uid not in allow_uids and sender.gid not in allow_gids:
                     reject("not_allowed")  # before parsing: costs a refused sender least
                     continue
-                rec = parse_datagram(data, agg.limits)
+                rec = parse_datagram(data, limits)
                 if isinstance(rec, Rejection):
                     reject(rec.reason)
                 elif (
@@ -500,12 +553,20 @@ class IngestListener:
             log.error(message, exc_info=sys.exc_info()[0] is not None)
 
     def close(self) -> None:
-        """Stop reading, close the socket and remove the socket file we created."""
+        """Stop reading (what was read is aggregated first), close the socket and
+        remove the socket file we created."""
         sock, self._sock = self._sock, None
         if sock is None:
             return
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(sock.fileno())
+        self._stopping = True
+        with contextlib.suppress(OSError):  # wakes the blocked recvmsg (UDP: ENOTCONN, still woken)
+            sock.shutdown(socket.SHUT_RDWR)
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=5.0)
+            if thread.is_alive():  # never seen; closing under a blocked thread is worse
+                log.error("the ingest thread did not stop; leaving its socket open")
+                return
         self._aggregator.set_drop_counter(None)
         sock.close()
         self._aggregator.set_listening(None)
