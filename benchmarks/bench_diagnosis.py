@@ -18,8 +18,9 @@ the wall time also counts the moments other processes held the CPU.
 ``--exporter SECONDS`` measures the whole exporter instead: a real ``stepscope serve
 --simulate 8`` (diagnosis window per ``--windows``) with the largest ``--ranks`` SDK-like
 ranks (jobs of 64, each job a process sending one step per rank per second over the Unix
-ingest socket with the SDK's encoder), scraped every 15 s as Prometheus would; after the
-window has filled, its CPU time from /proc over SECONDS, as a share of one core.
+ingest socket with the SDK's encoder), scraped every 15 s as Prometheus would (from the
+start); after the window has filled, its CPU time from /proc over SECONDS, as a share of
+one core.
 
 ``--host`` adds a scripted host source that reads a process for every rank (a distinct
 pid each, with an affinity of 8 CPUs): the worst case for the host side of the verdicts.
@@ -175,7 +176,12 @@ def measure_exporter(ranks: int, window: float, seconds: float) -> dict[str, flo
     try:
         for j in range(max(1, ranks // 64)):
             jobs.start(f"job-{j}", min(64, ranks))
-        time.sleep(window + 15)  # the window fills, every rank is in it
+        # the window fills, every rank is in it; scraped as Prometheus would be from the
+        # start (the exporter learns the scrape period and renders ahead of it)
+        warm_until = time.monotonic() + window + 15
+        while time.monotonic() < warm_until:
+            scrape(exporter.port)
+            time.sleep(min(15.0, max(0.0, warm_until - time.monotonic())))
         load0 = load_average()[0]
         sent0 = jobs.sent
         c0, t0 = exporter.cpu_seconds(), time.monotonic()

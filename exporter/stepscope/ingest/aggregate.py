@@ -265,6 +265,10 @@ class _RankState:
     def _expire_window(self, cutoff: float) -> None:
         """Drop the seconds before ``cutoff`` from the window and its running figures."""
         win = self.window
+        # the usual case, checked once per rank per pass: nothing to drop (the running
+        # extremes only hold seconds still in the window: none is older than its first)
+        if not win or win[0][0] >= cutoff:
+            return
         while win and win[0][0] < cutoff:
             self.win_flops -= win.popleft()[1]
             self._pops += 1
