@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 from conftest import REPO, parse_samples
 from stepscope.core.exposition import render
 from stepscope.host.model import Pressure, parse_pressure
-from stepscope.host.source import HostSource, children_by_parent
+from stepscope.host.source import HostSource, ProcessParents
 from stepscope.net.metrics import rdma_families
 from stepscope.net.rdma import read_rdma_ports
 
@@ -115,16 +116,51 @@ def test_children_are_found_in_one_pass_over_proc_whatever_the_command_is_called
     (proc / "15").mkdir()  # ended between the listing and the read: no stat file
     (proc / "self").mkdir()
     (proc / "٣").mkdir()  # a non-ASCII digit is no pid
-    assert {k: sorted(v) for k, v in children_by_parent(proc).items()} == {
+    assert {k: sorted(v) for k, v in ProcessParents(proc).children().items()} == {
         1: [10], 10: [11, 12], 2: [13]}
-    only = children_by_parent(proc, parents=frozenset({10}))
+    only = ProcessParents(proc).children(frozenset({10}))
     assert list(only) == [10] and sorted(only[10]) == [11, 12]
-    assert children_by_parent(tmp_path / "absent") == {}
+    assert ProcessParents(tmp_path / "absent").children() == {}
     # the real /proc: this process's children, as psutil finds them
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        found = children_by_parent(parents=frozenset({os.getpid()}))
+        found = ProcessParents().children(frozenset({os.getpid()}))
         assert child.pid in found[os.getpid()]
     finally:
         child.kill()
         child.wait()
+
+
+def test_process_parents_read_only_new_processes_and_follow_reused_pids_and_reparenting(
+    tmp_path: Path,
+) -> None:
+    """Each pass re-reads only processes it has not seen (by pid and /proc inode), and
+    the children of the parents asked for; a pid reused by a new process, or a child
+    re-parented when its parent ended, is seen as it is now."""
+    proc = tmp_path / "proc"
+
+    def process(pid: int, ppid: int) -> None:
+        """A new process: a new directory (made aside first, so it gets an inode of its
+        own as procfs gives, not the one a file system may reuse), then in place."""
+        new = proc / f"new-{pid}"
+        new.mkdir(parents=True)
+        (new / "stat").write_text(f"{pid} (p{pid}) S {ppid} {pid} {pid} 0")
+        shutil.rmtree(proc / str(pid), ignore_errors=True)
+        new.rename(proc / str(pid))
+
+    process(10, 1)  # a rank
+    process(11, 10)  # its loader worker
+    process(20, 1)  # another rank
+    process(30, 1)  # unrelated
+    parents = ProcessParents(proc)
+    assert parents.children(frozenset({10, 20})) == {10: [11]}
+    # an unrelated process's stat changes in place: it is not read again (remembered)
+    (proc / "30" / "stat").write_text("30 (p30) S 20 30 30 0")
+    assert parents.children(frozenset({10, 20})) == {10: [11]}
+    # pid 30 ends and a new process gets the pid (a new /proc directory): read afresh
+    process(30, 20)
+    assert sorted(parents.children(frozenset({10, 20})).items()) == [(10, [11]), (20, [30])]
+    # the rank 10 ends and its worker is re-parented (in place: same process)
+    shutil.rmtree(proc / "10")
+    (proc / "11" / "stat").write_text("11 (p11) S 1 11 11 0")
+    assert parents.children(frozenset({10, 20})) == {20: [30]}
