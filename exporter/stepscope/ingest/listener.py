@@ -411,8 +411,13 @@ class IngestListener:
         unix = sock.family == socket.AF_UNIX
         take = self._take_unix if unix else self._take_udp
         ancillary = _CRED_SPACE if unix else 0
-        recvmsg = sock.recvmsg
-        size = MAX_DATAGRAM_BYTES + 1  # a longer datagram is truncated to this: oversize
+        # Into one buffer, then a copy of the datagram's own size: recvmsg(size) would
+        # malloc a 4 KiB block per datagram and shrink it in place, on the heap the
+        # sampler's long-lived objects share with this thread (glibc arenas are capped).
+        buffer = bytearray(MAX_DATAGRAM_BYTES + 1)  # a longer datagram is truncated: oversize
+        view = memoryview(buffer)
+        into = [view]
+        recvmsg_into = sock.recvmsg_into
         clock = time.monotonic
         batch: list[_Received] = []
         due = 0.0
@@ -420,7 +425,8 @@ class IngestListener:
         after_stop = MAX_BATCH  # datagrams still read once stopping (UDP may keep coming)
         while True:
             try:
-                item = recvmsg(size, ancillary)
+                n, control, flags, addr = recvmsg_into(into, ancillary)
+                item = (view[:n].tobytes(), control, flags, addr)
             except OSError as exc:
                 if self._stopping:
                     break
