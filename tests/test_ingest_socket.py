@@ -229,6 +229,14 @@ def test_file_descriptors_a_sender_attaches_are_not_kept(
     assert len(os.listdir("/proc/self/fd")) == open_before
 
 
+def send_steps(path: Path, job: str, count: int) -> None:
+    """``count`` step datagrams of ``job``'s rank 0, steps 0 to count - 1, to ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.connect(str(path))
+        for s in range(count):
+            sender.send(json.dumps(step(job, 0, s, time.time(), None)).encode())
+
+
 def test_what_was_sent_before_close_is_aggregated_and_the_thread_ends(
     base: Path, running: list[Running]
 ) -> None:
@@ -237,10 +245,7 @@ def test_what_was_sent_before_close_is_aggregated_and_the_thread_ends(
     path = base / "ingest.sock"
     r = listen(running, f"unix://{path}")
     assert r.start()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-        sender.connect(str(path))
-        for s in range(8):  # under the kernel's default queue of 10
-            sender.send(json.dumps(step("closing", 0, s, time.time(), None)).encode())
+    send_steps(path, "closing", 8)  # under the kernel's default queue of 10
     r.listener.close()
     view = r.aggregator.view()
     assert view.accepted == 8, view
@@ -265,10 +270,7 @@ def test_a_failure_while_aggregating_is_counted_and_the_ingest_keeps_going(
 
     r.aggregator.add = add_failing_once  # type: ignore[method-assign]
     assert r.start()
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-        sender.connect(str(path))
-        for s in range(3):
-            sender.send(json.dumps(step("buggy", 0, s, time.time(), None)).encode())
+    send_steps(path, "buggy", 3)
     view = r.pump_until(lambda v: v.accepted == 2)
     assert view.rejected.get("internal") == 1, view.rejected
     (line,) = [rec for rec in caplog.records if "ingest datagram failed" in rec.getMessage()]

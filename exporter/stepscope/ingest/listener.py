@@ -30,7 +30,7 @@ datagram. On the event loop each cost an iteration (epoll, the handle, a failing
 ``recvmsg``) and found the parser's and the aggregator's data cold: ~120 us of CPU per
 datagram in situ at 512 ranks (~14 us in a loop). Here a thread blocks in ``recvmsg``
 (one system call per datagram), keeps what it reads, and checks and aggregates a batch
-at once, :data:`BATCH_SECONDS` after its first datagram or at :data:`MAX_BATCH`: ~45 us
+at once, :data:`BATCH_SECONDS` after its first datagram or at :data:`MAX_BATCH`: ~55 us
 a datagram (benchmarks/bench_diagnosis.py --exporter; docs/benchmarks.md). The
 aggregate is read once a second, so the batch's wait is never seen. A full kernel queue
 makes the SDK keep its steps for its next send, not lose them.
@@ -87,7 +87,7 @@ _SO_MEMINFO = 55 if sys.platform == "linux" else None
 _MEMINFO_DROPS = 8
 _SENDER_CACHE = 1024  # distinct credentials remembered (a node has a few processes)
 
-# what recvmsg returns: the datagram, its control messages, flags, the sender's address
+# one datagram as received: its bytes, control messages, flags, the sender's address
 _Received = tuple[bytes, list[tuple[int, int, bytes]], int, Any]
 
 
