@@ -1,4 +1,5 @@
-"""The ingest listener: a datagram socket on the event loop, feeding the aggregator.
+"""The ingest listener: a datagram socket read by a thread of its own, feeding the
+aggregator.
 
 ``unix:///run/stepscope/ingest.sock`` (default) or ``udp://127.0.0.1:9401`` (loopback
 only), in the grammar of :func:`stepscope.datagram.parse_ingest_url`, the SDK's own.
@@ -49,7 +50,6 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -409,7 +409,6 @@ class IngestListener:
         most :data:`BATCH_SECONDS` (``SO_RCVTIMEO``) so a quiet moment still ends it.
         ``close`` wakes it with ``shutdown``; what it holds then is taken, not lost."""
         unix = sock.family == socket.AF_UNIX
-        take = self._take_unix if unix else self._take_udp
         ancillary = _CRED_SPACE if unix else 0
         # Into one buffer, then a copy of the datagram's own size: recvmsg(size) would
         # malloc a 4 KiB block per datagram and shrink it in place, on the heap the
@@ -448,12 +447,12 @@ class IngestListener:
                         timed = self._timeout(sock, _BATCH_TIMEOUT)
                     continue
             if batch:
-                self._take(take, batch)
+                self._take(batch, unix)
                 batch = []
             if timed:
                 timed = not self._timeout(sock, _NO_TIMEOUT)
         if batch:
-            self._take(take, batch)
+            self._take(batch, unix)
 
     @staticmethod
     def _timeout(sock: socket.socket, timeval: bytes) -> bool:
@@ -463,59 +462,42 @@ class IngestListener:
             return False
         return True
 
-    def _take(self, take: Callable[[list[_Received]], None], batch: list[_Received]) -> None:
+    def _take(self, batch: list[_Received], authenticated: bool) -> None:
+        """Check and aggregate a batch. ``authenticated`` (Unix): every datagram carries
+        its sender's credentials, which the allow-lists, the pid check and the
+        aggregator's ownership rules use; UDP's come with no sender."""
         try:
-            take(batch)
+            agg = self._aggregator
+            add, reject, limits, settings = agg.add, agg.reject, agg.limits, agg.settings
         except Exception:  # a bug must not stop the ingest or the exporter
             self._internal("processing an ingest batch failed")
-
-    def _take_udp(self, batch: list[_Received]) -> None:
-        """Check and aggregate datagrams that came with no sender (UDP)."""
-        agg = self._aggregator
-        add = agg.add
-        reject = agg.reject
-        limits = agg.limits
-        for data, _ancillary, _flags, _addr in batch:
-            try:
-                rec = parse_datagram(data, limits)
-                if isinstance(rec, Rejection):
-                    reject(rec.reason)
-                else:
-                    add(rec)
-            except Exception:  # a bug must not stop the ingest or the exporter
-                self._internal("processing an ingest datagram failed")
-
-    def _take_unix(self, batch: list[_Received]) -> None:
-        """Check and aggregate datagrams with their senders, whose credentials the
-        kernel attached to every one."""
-        agg = self._aggregator
-        add = agg.add
-        reject = agg.reject
-        limits = agg.limits
-        settings = agg.settings
+            return
         allow_uids, allow_gids = settings.allow_uids, settings.allow_gids
         restricted = bool(allow_uids or allow_gids)
         senders = self._senders
         pid_matches = self._pids.matches
         for data, ancillary, _flags, _addr in batch:
             try:
-                # the common case, one credentials message, first; else the slow path
-                if len(ancillary) == 1 and ancillary[0][1] == _SCM_CREDENTIALS:
-                    raw = ancillary[0][2]
-                    sender = senders.get(raw) or self._sender(raw)
-                else:
-                    sender = self._sender_of(ancillary)
-                if sender is None:  # SO_PASSCRED is set: the kernel always says who
-                    self._internal("an ingest datagram came without credentials")
-                    continue
-                if restricted and sender.uid not in allow_uids and sender.gid not in allow_gids:
-                    reject("not_allowed")  # before parsing: costs a refused sender least
-                    continue
+                sender = None
+                if authenticated:
+                    # the common case, one credentials message, first; else the slow path
+                    if len(ancillary) == 1 and ancillary[0][1] == _SCM_CREDENTIALS:
+                        raw = ancillary[0][2]
+                        sender = senders.get(raw) or self._sender(raw)
+                    else:
+                        sender = self._sender_of(ancillary)
+                    if sender is None:  # SO_PASSCRED is set: the kernel always says who
+                        self._internal("an ingest datagram came without credentials")
+                        continue
+                    if restricted and sender.uid not in allow_uids and sender.gid not in allow_gids:
+                        reject("not_allowed")  # before parsing: costs a refused sender least
+                        continue
                 rec = parse_datagram(data, limits)
                 if isinstance(rec, Rejection):
                     reject(rec.reason)
                 elif (
-                    rec.pid is not None
+                    sender is not None
+                    and rec.pid is not None
                     and rec.pid != sender.pid
                     and not pid_matches(sender.pid, rec.pid)
                 ):
