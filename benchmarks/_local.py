@@ -146,8 +146,8 @@ def _job_ranks(path: str, job: str, ranks: int, world: int, uuids: list[str],
             try:
                 sock.send(data)
             except BlockingIOError:
-                # the SDK would drop this one (counted); a benchmark waits, so the load
-                # stays what it says
+                # the SDK keeps it and retries a millisecond later; a benchmark waits,
+                # so the load stays what it says
                 blocked += 1
                 sock.setblocking(True)
                 sock.send(data)
@@ -166,7 +166,7 @@ class TrainingJobs:
     pid in each datagram the sender's own (the exporter checks it against the kernel's).
 
     ``sent`` and ``blocked`` count datagrams, ``blocked`` those that found the socket's
-    queue full (an SDK drops those; here the sender waits so the load is kept).
+    queue full (the SDK retries those a millisecond later; here the sender waits).
     """
 
     def __init__(self, path: str, uuids: list[str]) -> None:

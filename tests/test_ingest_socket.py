@@ -27,7 +27,14 @@ import pytest
 from conftest import Exporter, parse_samples, start_exporter
 from stepscope.core.exposition import render
 from stepscope.ingest.aggregate import Aggregator, TrainingView
-from stepscope.ingest.listener import IngestAccess, IngestListener, kernel_drops
+from stepscope.ingest.listener import (
+    BUSY_RATE,
+    MAX_PAUSE,
+    IngestAccess,
+    IngestListener,
+    kernel_drops,
+    pause,
+)
 from stepscope.ingest.metrics import ingest_families
 from test_ingest_serve import step, value
 
@@ -275,3 +282,36 @@ def test_a_failure_while_aggregating_is_counted_and_the_ingest_keeps_going(
     assert view.rejected.get("internal") == 1, view.rejected
     (line,) = [rec for rec in caplog.records if "ingest datagram failed" in rec.getMessage()]
     assert line.exc_info is not None  # the traceback is in the log, once
+
+
+def test_pause_is_none_below_the_busy_rate_then_half_a_queue_capped() -> None:
+    assert pause(BUSY_RATE - 1, 5) == 0.0  # a wake-up per datagram: cheap at this rate
+    assert pause(500.0, 5) == pytest.approx(0.01)  # 5 datagrams' time: half of 10 queued
+    assert pause(BUSY_RATE, 500) == MAX_PAUSE  # a large queue still waits at most this
+
+
+def test_a_busy_ingest_drains_on_a_timer_and_loses_nothing(
+    base: Path, running: list[Running]
+) -> None:
+    # above BUSY_RATE datagrams a second the thread stops waking for each datagram and
+    # drains the queue every pause: a sender may meet a full queue (this blocking one
+    # waits, as the SDK keeps its steps), nothing is dropped, close() included
+    path = base / "ingest.sock"
+    r = listen(running, f"unix://{path}")
+    assert r.start()
+    sent = 0
+    paces: list[float] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
+        sender.connect(str(path))
+        start = time.monotonic()
+        while time.monotonic() - start < 2.5:  # ~1,600 a second
+            for _ in range(8):
+                sender.send(json.dumps(step("busy", 0, sent, time.time(), None)).encode())
+                sent += 1
+            paces.append(r.listener.pace)
+            time.sleep(0.005)
+    r.listener.close()
+    view = r.aggregator.view()
+    assert view.accepted == sent, (view.accepted, sent)
+    assert max(paces) > 0, "the listener never left the wake-per-datagram mode"
+    assert max(paces) <= MAX_PAUSE

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -538,3 +540,39 @@ def test_cuda_sync_mode_synchronizes_and_sends_each_step_at_once(
     assert gpu.synchronized == 4  # entering and leaving each step
     assert [d["step"] for d in got] == [0, 1]
     assert all(d["uuid"].startswith("GPU-") for d in got)
+
+
+def test_a_queue_full_for_a_moment_waits_quietly_and_loses_nothing(
+    short_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a busy exporter drains its queue every few milliseconds, so senders meet a full
+    # one now and then: the steps wait (retried a millisecond later), nothing is logged
+    slow = Receiver(os.path.join(short_dir, "slow.sock"))
+    rep = StepReporter("j", ingest=slow.url)
+    got: list[dict[str, Any]] = []
+    reader = threading.Thread(target=lambda: (time.sleep(0.3), got.extend(slow.take(200))))
+    reader.start()
+    with caplog.at_level(logging.WARNING, logger="stepscope.train"):
+        run_steps(rep, 200)  # far more than the kernel queues (10 by default)
+        reader.join(15)
+        rep.close()
+    slow.sock.close()
+    assert [d["step"] for d in got] == list(range(200))
+    assert rep.dropped == 0
+    assert "full" not in caplog.text
+
+
+def test_a_queue_that_stays_full_is_logged_once(
+    short_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    stuck = Receiver(os.path.join(short_dir, "stuck.sock"))  # never read
+    rep = StepReporter("j", ingest=stuck.url)
+    with caplog.at_level(logging.WARNING, logger="stepscope.train"):
+        run_steps(rep, 50)
+        deadline = time.monotonic() + 10
+        while "has been full" not in caplog.text:
+            assert time.monotonic() < deadline, caplog.text
+            time.sleep(0.05)
+        rep.close(timeout=0.1)
+    stuck.sock.close()
+    assert caplog.text.count("has been full") == 1, caplog.text

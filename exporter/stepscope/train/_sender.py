@@ -10,10 +10,11 @@ thread costs the training thread nothing per step and never wakes anyone from it
 
 Whatever goes wrong (no exporter, a full receive queue, an exporter restarted under
 us), datagrams are dropped and counted; nothing raises and nothing blocks. A full
-receive queue (EAGAIN) leaves the rest of the batch for the next tick; the queue
-itself is bounded, and what does not fit is dropped and counted. When the exporter
-is absent the socket is retried at most once per ``retry_interval`` seconds, so a
-late-starting exporter is picked up.
+receive queue (EAGAIN) leaves the rest of the batch for a retry a millisecond later
+(logged only when it stays full for a second: a busy exporter lets its queue fill
+between drains); the queue itself is bounded, and what does not fit is dropped and
+counted. When the exporter is absent the socket is retried at most once per
+``retry_interval`` seconds, so a late-starting exporter is picked up.
 
 The thread also runs the reporter's ``poll`` each tick (before sending): reading CUDA
 events that have completed into step records, and the rank's NCCL debug file, so
@@ -41,6 +42,9 @@ log = logging.getLogger("stepscope.train")
 # A full queue: the exporter is there but behind. Keep the socket, try later.
 _BUSY = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS})
 _BUSY_RETRY = 0.001  # seconds
+# A full receive queue is normal for a moment (a busy exporter drains it every few ms);
+# only one that stays full this long is worth a line in the training log.
+FULL_WARN_SECONDS = 1.0
 _MAX_QUEUED = 1024  # steps; at one step per 10 ms that is 10 s without an exporter drain
 
 _live: weakref.WeakSet[DatagramSender] = weakref.WeakSet()
@@ -84,6 +88,7 @@ class DatagramSender:
         self._queue: deque[Any] = deque()
         self._sock: socket.socket | None = None
         self._next_try = 0.0
+        self._full_since: float | None = None  # when the receiver's queue was first found full
         self._logged: set[str] = set()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -191,9 +196,16 @@ class DatagramSender:
                 sock.send(self.encode(queue[0], self.dropped))
             except OSError as err:
                 if err.errno in _BUSY:
-                    self._log_once(
-                        "busy", "stepscope: ingest %s is full; steps wait", self.address.url
-                    )
+                    now = time.monotonic()
+                    if self._full_since is None:
+                        self._full_since = now
+                    elif now - self._full_since >= FULL_WARN_SECONDS:
+                        self._log_once(
+                            "busy",
+                            "stepscope: ingest %s has been full for %.0f s; steps wait "
+                            "(is the exporter running behind?)",
+                            self.address.url, now - self._full_since,
+                        )  # fmt: skip
                     return False
                 # ECONNREFUSED (exporter gone or restarted), ENOENT, EPIPE, ...:
                 # drop this one, reconnect later (follows a re-created socket path).
@@ -210,6 +222,7 @@ class DatagramSender:
                 continue
             queue.popleft()
             self.sent += 1
+            self._full_since = None
         return True
 
     def _connect(self, now: float) -> socket.socket | None:
