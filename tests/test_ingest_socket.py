@@ -10,6 +10,7 @@ lost 6.75 M datagrams in the kernel without a trace in the exporter's metrics.
 from __future__ import annotations
 
 import array
+import contextlib
 import json
 import os
 import shutil
@@ -220,28 +221,51 @@ def test_udp_receive_buffer_drops_are_counted(running: list[Running]) -> None:
     assert served["stepscope_ingest_kernel_dropped_total"] == [({}, view.kernel_dropped)]
 
 
+@pytest.mark.parametrize("room", ["credentials", "fds too"])
 def test_file_descriptors_a_sender_attaches_are_not_kept(
-    base: Path, running: list[Running]
+    base: Path, running: list[Running], room: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # the control buffer has room for the credentials only, so the kernel closes passed
+    # fds that do not fit; were it larger, the listener must close those it receives
+    if room == "fds too":
+        import stepscope.ingest.listener as listener_module
+
+        space = listener_module._CRED_SPACE + socket.CMSG_SPACE(8 * array.array("i").itemsize)
+        monkeypatch.setattr(listener_module, "_CRED_SPACE", space)
     path = base / "ingest.sock"
     r = listen(running, f"unix://{path}")
     assert r.start()
-    open_before = len(os.listdir("/proc/self/fd"))
+
+    def open_devnulls() -> int:
+        # counted by what they point at: the listener's thread opens and closes files of
+        # its own meanwhile (/proc), which a plain count of open fds would catch
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # closed since the listing
+                count += os.readlink(f"/proc/self/fd/{fd}") == os.devnull
+        return count
+
+    before = open_devnulls()
     data = json.dumps(step("fds", 0, 0, time.time(), None)).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender, open(os.devnull) as f:
         fds = array.array("i", [f.fileno()] * 8)
         for i in range(1, 51):  # one at a time: the queue may hold as few as 10
             sender.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], 0, str(path))
             r.pump_until(lambda v, n=i: v.accepted == n)
-    assert len(os.listdir("/proc/self/fd")) == open_before
+        assert open_devnulls() == before + 1  # f itself: the 400 passed copies are closed
 
 
-def send_steps(path: Path, job: str, count: int) -> None:
-    """``count`` step datagrams of ``job``'s rank 0, steps 0 to count - 1, to ``path``."""
+def send_steps(
+    path: Path, job: str, count: int, burst: int = 0, between: Callable[[], Any] = lambda: None
+) -> None:
+    """``count`` step datagrams of ``job``'s rank 0, steps 0 to count - 1, to ``path``;
+    with ``burst``, ``between()`` after each ``burst`` of them (to pace the sender)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
         sender.connect(str(path))
         for s in range(count):
             sender.send(json.dumps(step(job, 0, s, time.time(), None)).encode())
+            if burst and (s + 1) % burst == 0:
+                between()
 
 
 def test_what_was_sent_before_close_is_aggregated_and_the_thread_ends(
@@ -299,17 +323,14 @@ def test_a_busy_ingest_drains_on_a_timer_and_loses_nothing(
     path = base / "ingest.sock"
     r = listen(running, f"unix://{path}")
     assert r.start()
-    sent = 0
+    sent = 4000
     paces: list[float] = []
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender:
-        sender.connect(str(path))
-        start = time.monotonic()
-        while time.monotonic() - start < 2.5:  # ~1,600 a second
-            for _ in range(8):
-                sender.send(json.dumps(step("busy", 0, sent, time.time(), None)).encode())
-                sent += 1
-            paces.append(r.listener.pace)
-            time.sleep(0.005)
+
+    def look_and_wait() -> None:
+        paces.append(r.listener.pace)
+        time.sleep(0.005)
+
+    send_steps(path, "busy", sent, burst=8, between=look_and_wait)  # ~1,600 a second
     r.listener.close()
     view = r.aggregator.view()
     assert view.accepted == sent, (view.accepted, sent)

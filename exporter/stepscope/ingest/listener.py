@@ -460,6 +460,15 @@ class IngestListener:
         counted = 0  # datagrams since `since`, for the rate
         since = clock()
         wait = 0.0  # > 0: busy, the queue drained every `wait` seconds
+
+        def repace(now: float) -> float:
+            """Once a second, the pause the last second's rate calls for (see pause())."""
+            nonlocal counted, since, wait
+            if now - since >= 1.0:
+                wait = self.pace = pause(counted / (now - since), fill)
+                counted, since = 0, now
+            return wait
+
         while True:
             try:
                 n, control, flags, addr = recvmsg_into(into, ancillary, dontwait if wait else 0)
@@ -472,9 +481,7 @@ class IngestListener:
                     sleep(BATCH_SECONDS)  # a broken socket must not spin a core
                 elif wait:  # busy, and the queue is drained: sleep while it refills
                     now = clock()
-                    if now - since >= 1.0:
-                        wait = self.pace = pause(counted / (now - since), fill)
-                        counted, since = 0, now
+                    repace(now)
                     if batch and (now >= due or not wait):
                         self._take(batch, unix)
                         batch = []
@@ -495,13 +502,8 @@ class IngestListener:
                     due = now + BATCH_SECONDS
                 batch.append(item)
                 if len(batch) < MAX_BATCH:
-                    if wait:
+                    if wait or repace(now):
                         continue  # busy: drain on
-                    if now - since >= 1.0:
-                        wait = self.pace = pause(counted / (now - since), fill)
-                        counted, since = 0, now
-                        if wait:
-                            continue
                     if now < due:
                         if not timed:
                             timed = self._timeout(sock, _BATCH_TIMEOUT)
