@@ -306,7 +306,7 @@ def test_a_window_keeps_nothing_of_subjects_gone_from_it() -> None:
         clock.t += 1.0
         window.push(sampler.sample_once().snapshot, 10.0)
     assert window.tracked() == (0, GPUS, 0)
-    assert len(window.snapshots) == 11
+    assert window.samples == 11
 
 
 def _snapshot(t: float, steps: int | None) -> Snapshot:
@@ -338,8 +338,14 @@ def test_a_rank_window_follows_gaps_and_restarts_as_a_scan_of_the_window_does(
     steps: list[int | None],
 ) -> None:
     window = SnapshotWindow()
+    pushed: list[Snapshot] = []
     for t, n in enumerate(steps, start=1):
-        snapshots = list(window.push(_snapshot(float(t), n), 5.0))
+        pushed.append(_snapshot(float(t), n))
+        kept = window.push(pushed[-1], 5.0)
+        snapshots = pushed[-kept:]
+        assert [s.monotonic for s in snapshots] == [
+            s.monotonic for s in pushed if s.monotonic >= t - 5.0 - 1e-6
+        ]
         rw = window.rank(("j", 0))
         assert (rw is None) == (n is None)
         if rw is None:

@@ -30,7 +30,6 @@ from stepscope.gpu.model import GPU_PART, GpuInfo, GpuState
 from stepscope.host.model import HostReading, ProcessReading
 from stepscope.ingest.aggregate import INGEST_PART, TrainingView
 from stepscope.ingest.mfu import rank_mfu
-from stepscope.net.rdma import RDMA_PART, RdmaPort
 
 _THERMAL_BITS = int(THERMAL_EVENTS)
 _POWER_BITS = int(POWER_EVENTS)
@@ -47,12 +46,8 @@ def _gpu(snapshot: Snapshot, uuid: str) -> GpuState | None:
     return part.by_uuid.get(uuid) if part is not None else None
 
 
-def _training(snapshot: Snapshot) -> TrainingView:
-    return snapshot.part(INGEST_PART) or _NO_RANKS
-
-
-def _rdma(snapshot: Snapshot) -> tuple[RdmaPort, ...]:
-    return snapshot.part(RDMA_PART) or ()
+def _training(snapshot: Snapshot | None) -> TrainingView:
+    return (snapshot.part(INGEST_PART) if snapshot is not None else None) or _NO_RANKS
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -128,13 +123,13 @@ def gpu_window(
 
     With ``th``, its hardware faults are judged too (``held``: a critical XID the
     diagnosis holds against it beyond the window)."""
-    snapshots = window.snapshots
-    if _gpu(snapshots[-1], uuid) is None:
+    now = window.latest
+    if now is None or _gpu(now, uuid) is None:
         return None
     timed = window.gpu_states(uuid)
     latest = timed[-1][1]
     live = [g for _, g in timed if g.up] if latest.up else []
-    span = snapshots[-1].monotonic - snapshots[0].monotonic
+    span = window.span
 
     def series(key: str) -> tuple[float | None, ...]:
         return tuple(g.values.get(key) for g in live)
@@ -143,7 +138,6 @@ def gpu_window(
     util = series("gpu_util")
     faults: tuple[Fault, ...] = ()
     if th is not None:
-        now = snapshots[-1]
         faults = gpu_faults(timed, held, now.monotonic, now.slow_interval, th)
     return GpuWindow(
         info=latest.info,
@@ -471,10 +465,10 @@ def _input_verdict(host: HostWindow | None, th: Thresholds) -> tuple[str, list[s
     return "input", [*ev, "the workers are partly busy and the CPUs have headroom"]
 
 
-def _rdma_rate(window: Sequence[Snapshot]) -> tuple[int, float | None]:
+def _rdma_rate(window: SnapshotWindow) -> tuple[int, float | None]:
     """(RDMA ports, bytes/s through all of them over the window)."""
-    first, last = _rdma(window[0]), _rdma(window[-1])
-    span = window[-1].monotonic - window[0].monotonic
+    first, last = window.rdma_ends()
+    span = window.span
     if not last or span <= 0:
         return len(last), None
     before = {(p.device, p.port): p.bytes_total for p in first}
@@ -511,7 +505,7 @@ def rank_verdict(
     gpu: GpuWindow | None,
     host: HostWindow | None,
     peers: JobPeers,
-    window: Sequence[Snapshot],
+    window: SnapshotWindow,
     th: Thresholds,
 ) -> Verdict:
     """One rank's verdict (rules in docs/diagnosis.md, in this order)."""
@@ -524,7 +518,7 @@ def rank_verdict(
         uuid=gpu.info.uuid if gpu else "",
         model=gpu.info.name if gpu else "",
     )
-    peaks = _training(window[-1]).settings.peak_flops
+    peaks = _training(window.latest).settings.peak_flops
     mfu = rank_mfu(r, gpu.info.identity if gpu else None, peaks).value
     shares = rw.shares()
     signals: dict[str, float | None] = {
@@ -642,7 +636,7 @@ def _idle_body_verdict(
 def _comm_verdict(
     rw: RankWindow,
     peers: JobPeers,
-    window: Sequence[Snapshot],
+    window: SnapshotWindow,
     th: Thresholds,
     verdict: Callable[..., Verdict],
 ) -> Verdict:
@@ -719,14 +713,13 @@ def diagnose(
     ``held``: critical XIDs held against GPUs (by UUID) beyond the window;
     ``finished``: ranks whose process has ended (by job and rank), kept by the caller
     across passes (:class:`~stepscope.diagnose.analysis.DiagnosisAnalysis`)."""
-    snapshots = window.snapshots
-    if not snapshots:
+    latest = window.latest
+    if latest is None:
         return Diagnosis(0.0, 0, thresholds=th)
     held = held or {}
     finished = finished or {}
-    latest = snapshots[-1]
     now = latest.monotonic
-    span = now - snapshots[0].monotonic
+    span = window.span
     verdicts: list[Verdict] = []
     by_job: dict[str, list[RankWindow]] = {}
     for rw in window.ranks():
@@ -765,11 +758,11 @@ def diagnose(
             if gpu is not None:
                 claimed.add(gpu.info.uuid)
             host = hosts.of(rw.view.pid)
-            verdicts.append(rank_verdict(rw, gpu, host, peers, snapshots, th))
+            verdicts.append(rank_verdict(rw, gpu, host, peers, window, th))
     for g in _gpus(latest):
         if g.info.uuid in claimed:
             continue
         gw = gpu_of(g.info.uuid)
         if gw is not None:
             verdicts.append(gpu_verdict(gw, th))
-    return Diagnosis(span, len(snapshots), tuple(verdicts), th, latest.timestamp)
+    return Diagnosis(span, window.samples, tuple(verdicts), th, latest.timestamp)

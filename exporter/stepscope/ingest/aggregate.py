@@ -40,11 +40,11 @@ import threading
 import time
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from stepscope.core.labels import RankIdentity
 from stepscope.core.source import PartKey
@@ -206,8 +206,10 @@ class _RankState:
     last_seen: float = 0.0
     dropped: int = 0
     nccl_transport: str | None = None
-    # [second, flops, first start, last end] per whole second of receive time
-    window: deque[list[float]] = field(default_factory=deque)
+    # (second, flops, first start, last end) per whole second of receive time: the
+    # current second a list, updated in place; a complete one a tuple, which the garbage
+    # collector stops tracking (at 512 ranks, ~16,000 objects fewer in each collection)
+    window: deque[Sequence[float]] = field(default_factory=deque)
     # the window's FLOPs, and (second, value) of its complete seconds whose step start
     # is lowest / end highest from there on: the minimum and maximum are at the front
     win_flops: float = 0.0
@@ -251,7 +253,7 @@ class _RankState:
         win = self.window
         self.win_flops += rec.flops
         if win and win[-1][0] == sec:
-            b = win[-1]
+            b = cast(list[float], win[-1])
             b[1] += rec.flops
             if start < b[2]:
                 b[2] = start
@@ -259,8 +261,10 @@ class _RankState:
                 b[3] = rec.t
         else:
             if win:  # the last second is complete: it joins the running min and max
-                _push_extreme(self.win_starts, win[-1][0], win[-1][2], lower=True)
-                _push_extreme(self.win_ends, win[-1][0], win[-1][3], lower=False)
+                done = win[-1]
+                _push_extreme(self.win_starts, done[0], done[2], lower=True)
+                _push_extreme(self.win_ends, done[0], done[3], lower=False)
+                win[-1] = tuple(done)
             win.append([sec, rec.flops, start, rec.t])
             self._expire_window(now - window - 1.0)
 
