@@ -11,9 +11,12 @@ without waiting. After the window is full, it times the next passes (median of
 (``DiagnosisAnalysis.run``), the rendering of each pass's ``/metrics`` (what a scrape of it
 costs, made once per read) and of the diagnosis's families within it, plus one rendering
 of ``/api/v1/diagnosis`` and of the status page (made once per snapshot, whatever the
-request rate). "Core share at 1 s" is the pass time over the default 1 s interval. Times are the
-sampling thread's CPU time (``time.thread_time``), not wall time: on a shared machine
-the wall time also counts the moments other processes held the CPU.
+request rate), and the full collection the sampler runs once a minute (the collector
+runs as under ``stepscope serve``: start-up objects frozen, the oldest generation never
+collected on CPython's schedule). "Core share at 1 s" is the pass time over the default
+1 s interval. Times are the sampling thread's CPU time (``time.thread_time``), not wall
+time: on a shared machine the wall time also counts the moments other processes held
+the CPU.
 
 ``--exporter SECONDS`` measures the whole exporter instead: a real ``stepscope serve
 --simulate 8`` (diagnosis window per ``--windows``) with the largest ``--ranks`` SDK-like
@@ -40,7 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
 
 from _local import ServedExporter, TrainingJobs, gpu_uuids, load_average, scrape
 from stepscope.core.exposition import Family
-from stepscope.core.sampler import Sampler, SamplerSettings
+from stepscope.core.sampler import (
+    FULL_COLLECT_SECONDS,
+    Sampler,
+    SamplerSettings,
+    full_collection,
+    manage_collector,
+    release_collector,
+)
 from stepscope.core.snapshot import Snapshot
 from stepscope.core.source import ReadContext, Registry, Source
 from stepscope.datagram import (
@@ -141,10 +151,24 @@ def measure(ranks: int, window: float, timed_passes: int = 20, host: bool = Fals
         renders.append(time.thread_time() - t1)
         return t1 - t0
 
-    for _ in range(int(window) + 2):  # fill the window
-        one_second()
-    del diagnosis.run_s[:], diagnosis.families_s[:], renders[:]
-    passes = [one_second() for _ in range(timed_passes)]
+    # the collector as `stepscope serve` runs it: start-up objects frozen, the oldest
+    # generation collected once a minute after a pass (timed on its own), never by
+    # CPython's schedule
+    saved = manage_collector()
+    collections: list[float] = []
+    try:
+        for _ in range(int(window) + 2):  # fill the window
+            one_second()
+        del diagnosis.run_s[:], diagnosis.families_s[:], renders[:]
+        passes = []
+        for n in range(1, timed_passes + 1):
+            passes.append(one_second())
+            if n % int(FULL_COLLECT_SECONDS) == 0 or n == timed_passes:
+                t0 = time.thread_time()
+                full_collection()
+                collections.append(time.thread_time() - t0)
+    finally:
+        release_collector(saved)
     latest = sampler.latest
     assert latest is not None
     t0 = time.thread_time()
@@ -166,6 +190,7 @@ def measure(ranks: int, window: float, timed_passes: int = 20, host: bool = Fals
         "page_ms": page_s * 1e3,
         "page_kb": len(page) / 1024,
         "core_share": statistics.median(passes),
+        "collect_ms": statistics.median(collections) * 1e3,
     }
 
 
@@ -224,15 +249,16 @@ def main() -> int:
                   f"{e['load']:.1f} | {e['seconds']:.0f} |", flush=True)
         return 0
     print("| ranks | window s | pass ms (median) | pass ms (max) | diagnosis ms (when made) "
-          "| its families ms | core share at 1 s | /metrics render ms (once per read) | "
-          "/api/v1/diagnosis ms, KB (once per pass) | status page ms, KB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| its families ms | core share at 1 s | full collection ms (once a minute) | "
+          "/metrics render ms (once per read) | /api/v1/diagnosis ms, KB (once per pass) | "
+          "status page ms, KB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for window in args.windows:
         for ranks in args.ranks:
             r = measure(ranks, window, args.passes, args.host)
             print(f"| {ranks} | {window:g} | {r['pass_ms']:.1f} | {r['pass_max_ms']:.1f} | "
                   f"{r['diagnosis_ms']:.1f} | {r['families_ms']:.1f} | "
-                  f"{100 * r['core_share']:.1f}% | {r['render_ms']:.1f} | "
+                  f"{100 * r['core_share']:.1f}% | {r['collect_ms']:.1f} | {r['render_ms']:.1f} | "
                   f"{r['api_ms']:.1f}, {r['api_kb']:.0f} | {r['page_ms']:.1f}, "
                   f"{r['page_kb']:.0f} |", flush=True)
     return 0

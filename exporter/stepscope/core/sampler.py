@@ -57,6 +57,30 @@ FULL_COLLECT_SECONDS = 60.0
 log = logging.getLogger("stepscope.sampler")
 
 
+def manage_collector() -> tuple[int, int, int]:
+    """Take CPython's full collections over: what exists now (modules, configuration) is
+    never scanned again, and the oldest generation is collected only when
+    :func:`full_collection` is called. The thresholds to hand back to
+    :func:`release_collector`."""
+    saved = gc.get_threshold()
+    gc.freeze()
+    young, middle, _ = saved
+    gc.set_threshold(young, middle, 1 << 30)  # never automatically
+    return saved
+
+
+def release_collector(saved: tuple[int, int, int]) -> None:
+    """CPython's own schedule again, as before :func:`manage_collector`."""
+    gc.set_threshold(*saved)
+    gc.unfreeze()
+
+
+def full_collection() -> None:
+    """The full collection, and what it and the passes freed handed back to the OS."""
+    gc.collect()
+    memory.trim()
+
+
 @dataclass(frozen=True, slots=True)
 class SamplerSettings:
     """What a reload may change without restarting the sampler."""
@@ -162,7 +186,7 @@ class Sampler:
         manage_gc: bool = False,
     ) -> None:
         self._manage_gc = manage_gc
-        self._gc_saved: tuple[int, ...] | None = None
+        self._gc_saved: tuple[int, int, int] | None = None
         self._entries = [_Entry(s) for s in registry.sources]
         self._analyses = [_Timed(a) for a in registry.analyses]
         self._settings = settings
@@ -441,8 +465,7 @@ class Sampler:
                 if published is not None:
                     published.wait_read(max(0.0, next_at - self._clock()))
                 collected_at = self._clock()
-                gc.collect()
-                memory.trim()  # what the collection and the pass freed goes back to the OS
+                full_collection()
             now = self._clock()
             if next_at < now:  # fell behind (suspend, slow NVML): skip, don't burst
                 next_at = now + interval
@@ -454,10 +477,7 @@ class Sampler:
         and full collections run every :data:`FULL_COLLECT_SECONDS` from this thread
         instead of whenever CPython's schedule says."""
         if self._manage_gc and self._gc_saved is None:
-            self._gc_saved = gc.get_threshold()
-            gc.freeze()
-            young, middle, _ = self._gc_saved
-            gc.set_threshold(young, middle, 1 << 30)  # never automatically
+            self._gc_saved = manage_collector()
         self._thread = threading.Thread(target=self._run, name="stepscope-sampler", daemon=True)
         self._thread.start()
 
@@ -473,6 +493,5 @@ class Sampler:
             except Exception:
                 log.exception("closing source %s failed", entry.source.name)
         if self._gc_saved is not None:
-            gc.set_threshold(*self._gc_saved)
-            gc.unfreeze()
+            release_collector(self._gc_saved)
             self._gc_saved = None
