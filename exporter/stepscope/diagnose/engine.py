@@ -34,6 +34,7 @@ from stepscope.ingest.mfu import rank_mfu
 _THERMAL_BITS = int(THERMAL_EVENTS)
 _POWER_BITS = int(POWER_EVENTS)
 _NO_RANKS = TrainingView(ingest_up=False, accepted=0)
+_NO_SIGNALS: Mapping[str, float | None] = {}
 
 
 def _gpus(snapshot: Snapshot) -> tuple[GpuState, ...]:
@@ -196,12 +197,6 @@ def _compute_modifiers(gpu: GpuWindow | None, th: Thresholds) -> tuple[list[str]
     return mods, ev
 
 
-def _gpu_signals(gpu: GpuWindow | None) -> dict[str, float | None]:
-    if gpu is None:
-        return {}
-    return dict(gpu.signals)
-
-
 def _signals_of(gpu: GpuWindow) -> dict[str, float | None]:
     if not gpu.up:  # nothing read now is current: absent, never the last values
         return {"gpu_up": 0.0}
@@ -216,10 +211,6 @@ def _signals_of(gpu: GpuWindow) -> dict[str, float | None]:
         "thermal_share": gpu.thermal_share,
         "power_share": gpu.power_share,
     }
-
-
-def _gpu_evidence(gpu: GpuWindow | None) -> list[str]:
-    return list(gpu.evidence) if gpu is not None else []
 
 
 def _evidence_of(gpu: GpuWindow) -> list[str]:
@@ -289,8 +280,8 @@ def _fault_verdict(gpu: GpuWindow, verdict: _MakeVerdict) -> Verdict:
 def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
     """A GPU no rank reported: what its own signals can honestly say."""
     subject = Subject(gpu=gpu.info.index, uuid=gpu.info.uuid, model=gpu.info.name)
-    signals = _gpu_signals(gpu)
-    ev = _gpu_evidence(gpu)
+    signals = dict(gpu.signals)
+    ev = list(gpu.evidence)
 
     verdict = _verdict_maker(subject, ev, signals, gpu.series)
 
@@ -522,7 +513,7 @@ def rank_verdict(
     mfu = rank_mfu(r, gpu.info.identity if gpu else None, peaks).value
     shares = rw.shares()
     signals: dict[str, float | None] = {
-        **_gpu_signals(gpu),
+        **(gpu.signals if gpu is not None else _NO_SIGNALS),
         "steps": float(rw.steps),
         "step_seconds": rw.dur / rw.steps if rw.steps else None,
         "data_wait_share": shares.data_wait if rw.steps else None,
@@ -548,7 +539,8 @@ def rank_verdict(
     ev: list[str] = []
     if rw.steps:
         ev.append(_STEPS_EVIDENCE.format(rw.steps, rw.dur / rw.steps, *map(_pct, shares)))
-    ev += _gpu_evidence(gpu)
+    if gpu is not None:
+        ev += gpu.evidence
 
     verdict = _verdict_maker(subject, ev, signals, history)
 
