@@ -181,6 +181,7 @@ class Scrapes:
     page: list[float] = field(default_factory=list)
     failures: int = 0
     body: bytes = b""
+    slow: list[tuple[float, float]] = field(default_factory=list)  # (monotonic, s) > 10 ms
 
 
 def scraper(port: int, stop: threading.Event, warm: threading.Event, out: Scrapes) -> None:
@@ -208,6 +209,8 @@ def scraper(port: int, stop: threading.Event, warm: threading.Event, out: Scrape
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
                 continue
             elapsed = time.perf_counter() - t0
+            if warm.is_set() and path == "/metrics" and elapsed > 0.010:
+                out.slow.append((time.monotonic(), elapsed))
             if warm.is_set():
                 {"/metrics": out.metrics, "/api/v1/diagnosis": out.api, "/": out.page}[
                     path
@@ -250,12 +253,14 @@ def soak(minutes: float, ranks: int, hostile_rate: float, idle: int, warmup_min:
     slots = ranks // JOB_RANKS
     ends: dict[str, float] = {}  # job -> when it finishes
     waiting: list[float] = []  # when an empty slot takes a new job
+    events: list[tuple[float, str]] = []  # (monotonic, what): job starts and ends
     t0 = time.monotonic()
     result: dict[str, Any] = {}
     try:
         for _ in range(slots):
             name = f"job-{jobs.started}"
             jobs.start(name, JOB_RANKS)
+            events.append((t0, f"{name} started"))
             ends[name] = t0 + rng.uniform(120, 360)
         idlers.start()
         scrape_thread.start()
@@ -278,12 +283,14 @@ def soak(minutes: float, ranks: int, hostile_rate: float, idle: int, warmup_min:
             for name, when in list(ends.items()):
                 if now >= when:
                     jobs.finish(name)
+                    events.append((now, f"{name} ended"))
                     del ends[name]
                     waiting.append(now + rng.uniform(5, 20))
             for when in [w for w in waiting if now >= w]:
                 waiting.remove(when)
                 name = f"job-{jobs.started}"
                 jobs.start(name, JOB_RANKS)
+                events.append((now, f"{name} started"))
                 ends[name] = now + rng.uniform(120, 360)
             live = ";".join(f"{j}:{p.pid}" for j, p in jobs.live.items()).encode()[:4000]
             with targets.get_lock():
@@ -320,6 +327,8 @@ def soak(minutes: float, ranks: int, hostile_rate: float, idle: int, warmup_min:
             "p50_ms": 1e3 * statistics.median(m) if m else float("nan"),
             "p99_ms": 1e3 * percentile(m, 0.99), "max_ms": 1e3 * max(m, default=float("nan")),
             "over_10ms": sum(x > 0.010 for x in m),
+            "slow": [(t - t0, x, [f"{what} {t - at:.0f} s before" for at, what in events
+                                  if 0 <= t - at <= 70]) for t, x in scrapes.slow],
             "api_p50_ms": 1e3 * statistics.median(scrapes.api) if scrapes.api else float("nan"),
             "api_max_ms": 1e3 * max(scrapes.api, default=float("nan")),
             "page_p50_ms": 1e3 * statistics.median(scrapes.page) if scrapes.page else float("nan"),
@@ -427,6 +436,12 @@ def main() -> int:
     ]  # fmt: skip
     for name, value, goal in rows:
         print(f"| {name} | {value} | {goal} |")
+    # when the slow scrapes came, and the churn before each (a job's ranks expire 60 s
+    # after it ends): to tell a cause that recurs from noise
+    print()
+    print("Scrapes over 10 ms (seconds since start, ms, churn in the 70 s before):")
+    for at, took, churn in r["slow"]:
+        print(f"  {at:7.0f} s {1e3 * took:7.1f} ms  {'; '.join(churn) or '-'}")
     return 0
 
 

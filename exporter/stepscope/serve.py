@@ -136,7 +136,7 @@ async def run_server(
     ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT. ``ready`` gets the bound address (tests, logs)."""
-    memory.limit_arenas()  # before the sampler's and the web server's threads allocate
+    memory.tune()  # before the sampler's and the web server's threads allocate
     web_cfg = load_web_config(cfg.web_config) if cfg.web_config else None
     loop = asyncio.get_running_loop()
     aggregator = Aggregator(training_settings_of(cfg))

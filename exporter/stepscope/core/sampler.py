@@ -47,7 +47,7 @@ RENDER_AHEAD_PASSES = 2
 # Prometheus servers is two).
 MAX_READERS = 4
 # How often the sampler runs CPython's full (oldest-generation) collection itself when it
-# manages the collector (``stepscope serve``): at 512 ranks the window holds ~130,000
+# manages the collector (``stepscope serve``): at 512 ranks the window held ~130,000
 # objects, and CPython's own schedule scanned them every 5-10 s, 70-110 ms each with the
 # GIL held, so every thread stalled (scrapes waited behind it). The exporter's data is
 # freed by reference counting; only reference cycles need the collector, and the young
