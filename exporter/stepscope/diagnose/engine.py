@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
 
+from stepscope.core.labels import GpuIdentity
 from stepscope.core.snapshot import Snapshot
 from stepscope.datagram import PHASES
 from stepscope.diagnose.advice import advice_for
@@ -56,8 +57,9 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return sum(present) / len(present) if present else None
 
 
-# "12 steps of 0.800 s: data_wait 12%, compute 62%, comm 19%, other 6%" (one format call)
-_STEPS_EVIDENCE = "{} steps of {:.3f} s: " + ", ".join(f"{name} {{}}" for name in PHASES)
+# "12 steps of 0.800 s: data_wait 12%, compute 62%, comm 19%, other 6%" (one format call;
+# "{:.0%}" is _pct's "{100 * v:.0f}%" for the shares, never None there)
+_STEPS_EVIDENCE = "{} steps of {:.3f} s: " + ", ".join(f"{name} {{:.0%}}" for name in PHASES)
 
 
 def _pct(v: float | None) -> str:
@@ -91,6 +93,11 @@ class GpuWindow:
     notes: tuple[str, ...] = ()  # non-critical XIDs in the window
 
     # made once per GPU window, however many ranks share the GPU
+    @cached_property
+    def identity(self) -> GpuIdentity:
+        """What names the GPU in labels (and picks its peak FLOP/s)."""
+        return self.info.identity
+
     @cached_property
     def signals(self) -> Mapping[str, float | None]:
         """The GPU's signals in a verdict (only ``gpu_up`` when it is down)."""
@@ -510,7 +517,7 @@ def rank_verdict(
         model=gpu.info.name if gpu else "",
     )
     peaks = _training(window.latest).settings.peak_flops
-    mfu = rank_mfu(r, gpu.info.identity if gpu else None, peaks).value
+    mfu = rank_mfu(r, gpu.identity if gpu else None, peaks).value
     shares = rw.shares()
     signals: dict[str, float | None] = {
         **(gpu.signals if gpu is not None else _NO_SIGNALS),
@@ -538,7 +545,7 @@ def rank_verdict(
     history = {**rw.series, **(gpu.series if gpu else {})}
     ev: list[str] = []
     if rw.steps:
-        ev.append(_STEPS_EVIDENCE.format(rw.steps, rw.dur / rw.steps, *map(_pct, shares)))
+        ev.append(_STEPS_EVIDENCE.format(rw.steps, rw.dur / rw.steps, *shares))
     if gpu is not None:
         ev += gpu.evidence
 
