@@ -542,7 +542,7 @@ def rank_verdict(
                 dataloader_cpu_cores=host.process.workers_cpu_cores,
                 main_cpu_cores=host.process.cpu_cores,
             )
-    history = {**rw.series, **(gpu.series if gpu else {})}
+    history = rw.series.joined(gpu.series) if gpu is not None else rw.series
     ev: list[str] = []
     if rw.steps:
         ev.append(_STEPS_EVIDENCE.format(rw.steps, rw.dur / rw.steps, *shares))

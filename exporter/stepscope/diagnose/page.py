@@ -73,10 +73,10 @@ def _chart(v: Verdict, width: int = 300, height: int = 60) -> str:
     n = len(steps)
     bar = width / max(n, 1)
     rects: list[str] = []
+    shares = [(tuple(v.history.get(name, ())), colour) for name, colour in _PHASES]
     for i in range(n):
         y = float(height)
-        for name, colour in _PHASES:
-            series = v.history.get(name, ())
+        for series, colour in shares:
             share = series[i] if i < len(series) else None
             if share is None or share <= 0:
                 continue

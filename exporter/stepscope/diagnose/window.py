@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import operator
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, Generic, NamedTuple, TypeVar, overload
 
 from stepscope.core.snapshot import Snapshot
@@ -31,6 +31,7 @@ MAX_SNAPSHOTS = 3600
 T = TypeVar("T")
 K = TypeVar("K")
 _SERIES = ("step_seconds", *PHASES)
+_SERIES_INDEX = {name: i for i, name in enumerate(_SERIES)}
 
 
 class Series(Sequence[float | None]):
@@ -76,6 +77,50 @@ class Series(Sequence[float | None]):
         return repr(tuple(self))
 
 
+class RankSeries(Mapping[str, Sequence[float | None]]):
+    """A rank's per-sample series by name (``step_seconds`` and the phase shares), and
+    optionally more (its GPU's), each :class:`Series` made when read.
+
+    Made per rank on every pass that makes verdicts, and read only when someone asks for
+    ``/api/v1/diagnosis`` or the status page: one object instead of a dict and a view per
+    name. The columns of a rank are appended, trimmed and compacted together, so they
+    share ``start`` and ``stop``."""
+
+    __slots__ = ("_lists", "_more", "_start", "_stop")
+
+    def __init__(
+        self,
+        lists: tuple[list[float | None], ...],
+        start: int,
+        stop: int,
+        more: Mapping[str, Sequence[float | None]] | None = None,
+    ) -> None:
+        self._lists = lists
+        self._start = start
+        self._stop = stop
+        self._more = more or {}
+
+    def joined(self, more: Mapping[str, Sequence[float | None]]) -> RankSeries:
+        """These series and ``more`` (names not among :data:`_SERIES`)."""
+        return RankSeries(self._lists, self._start, self._stop, more)
+
+    def __getitem__(self, name: str) -> Sequence[float | None]:
+        i = _SERIES_INDEX.get(name)
+        if i is None:
+            return self._more[name]
+        return Series(self._lists[i], self._start, self._stop)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from _SERIES
+        yield from self._more
+
+    def __len__(self) -> int:
+        return len(_SERIES) + len(self._more)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
 class _Column:
     """The append-only list behind a rank's series and where the window starts in it."""
 
@@ -96,9 +141,6 @@ class _Column:
         self.values = []  # a new list, never cleared in place, for the same reason
         self.start = 0
 
-    def series(self) -> Series:
-        return Series(self.values, self.start, len(self.values))
-
 
 class RankWindow(NamedTuple):
     """One rank's steps and phase seconds over the window. (A NamedTuple: one is made per
@@ -109,7 +151,7 @@ class RankWindow(NamedTuple):
     all_steps: int  # warm-up included
     dur: float
     phases: Phases
-    series: dict[str, Sequence[float | None]]
+    series: RankSeries
 
     def shares(self) -> Phases:
         """Each phase's share of the window's step time."""
@@ -154,6 +196,7 @@ class _Rank:
 
     def add(self, seq: int, view: RankView) -> None:
         views = self.views
+        counts = _counts(seq, view)
         if views:
             a = views[-1]
             if view.steps < a[_STEPS]:  # restarted: counters from 0
@@ -161,13 +204,19 @@ class _Rank:
                 for series in self.series:
                     series.clear()
             else:  # the step time and phase shares from the previous view to this one
-                n = view.measured_steps - a[_MEASURED]
-                d = view.step_seconds_sum - a[_DUR]
-                step_seconds, *shares = self.series
+                n = counts[_MEASURED] - a[_MEASURED]
+                d = counts[_DUR] - a[_DUR]
+                step_seconds, data_wait, compute, comm, other = self.series
                 step_seconds.values.append(d / n if n > 0 else None)
-                for share, pa, pb in zip(shares, a[_DUR + 1 :], view.phase_seconds, strict=True):
-                    share.values.append((pb - pa) / d if n > 0 and d > 0 else None)
-        views.append(_counts(seq, view))
+                if n > 0 and d > 0:
+                    data_wait.values.append((counts[4] - a[4]) / d)
+                    compute.values.append((counts[5] - a[5]) / d)
+                    comm.values.append((counts[6] - a[6]) / d)
+                    other.values.append((counts[7] - a[7]) / d)
+                else:
+                    for share in (data_wait, compute, comm, other):
+                        share.values.append(None)
+        views.append(counts)
         self.latest = view
 
     def expire(self, oldest: int) -> bool:
@@ -183,13 +232,15 @@ class _Rank:
     def window(self) -> RankWindow:
         first = self.views[0]
         last = self.views[-1]
+        columns = self.series
+        head = columns[0]  # the columns move together: one start and stop for all
         return RankWindow(
             view=self.latest,
             steps=last[_MEASURED] - first[_MEASURED],
             all_steps=last[_STEPS] - first[_STEPS],
             dur=last[_DUR] - first[_DUR],
             phases=Phases._make(map(operator.sub, last[_DUR + 1 :], first[_DUR + 1 :])),
-            series={name: c.series() for name, c in zip(_SERIES, self.series, strict=True)},
+            series=RankSeries(tuple([c.values for c in columns]), head.start, len(head.values)),
         )
 
 
