@@ -268,6 +268,17 @@ def send_steps(
                 between()
 
 
+def sent_then_closed(
+    r: Running, path: Path, job: str, count: int, burst: int = 0,
+    between: Callable[[], Any] = lambda: None,
+) -> TrainingView:
+    """Send ``count`` steps (see :func:`send_steps`), close the listener at once, and
+    the aggregate it leaves: what was queued or batched must be in it."""
+    send_steps(path, job, count, burst, between)
+    r.listener.close()
+    return r.aggregator.view()
+
+
 def test_what_was_sent_before_close_is_aggregated_and_the_thread_ends(
     base: Path, running: list[Running]
 ) -> None:
@@ -276,9 +287,7 @@ def test_what_was_sent_before_close_is_aggregated_and_the_thread_ends(
     path = base / "ingest.sock"
     r = listen(running, f"unix://{path}")
     assert r.start()
-    send_steps(path, "closing", 8)  # under the kernel's default queue of 10
-    r.listener.close()
-    view = r.aggregator.view()
+    view = sent_then_closed(r, path, "closing", 8)  # under the kernel's default queue of 10
     assert view.accepted == 8, view
     assert not r.listener.up and not path.exists()
     assert [t for t in threading.enumerate() if t.name == "stepscope-ingest"] == []
@@ -330,9 +339,7 @@ def test_a_busy_ingest_drains_on_a_timer_and_loses_nothing(
         paces.append(r.listener.pace)
         time.sleep(0.005)
 
-    send_steps(path, "busy", sent, burst=8, between=look_and_wait)  # ~1,600 a second
-    r.listener.close()
-    view = r.aggregator.view()
+    view = sent_then_closed(r, path, "busy", sent, 8, look_and_wait)  # ~1,600 a second
     assert view.accepted == sent, (view.accepted, sent)
     assert max(paces) > 0, "the listener never left the wake-per-datagram mode"
     assert max(paces) <= MAX_PAUSE

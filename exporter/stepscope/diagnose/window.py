@@ -83,8 +83,8 @@ class RankSeries(Mapping[str, Sequence[float | None]]):
 
     Made per rank on every pass that makes verdicts, and read only when someone asks for
     ``/api/v1/diagnosis`` or the status page: one object instead of a dict and a view per
-    name. The columns of a rank are appended, trimmed and compacted together, so they
-    share ``start`` and ``stop``."""
+    name. ``lists`` are a rank's :class:`_Columns` as they were when it was made
+    (compaction makes new lists), read from ``start`` to ``stop``."""
 
     __slots__ = ("_lists", "_more", "_start", "_stop")
 
@@ -121,25 +121,30 @@ class RankSeries(Mapping[str, Sequence[float | None]]):
         return repr(dict(self.items()))
 
 
-class _Column:
-    """The append-only list behind a rank's series and where the window starts in it."""
+class _Columns:
+    """The append-only lists behind a rank's series (one per name of :data:`_SERIES`)
+    and where the window starts in them: they are appended, trimmed and compacted
+    together, so one ``start`` serves all."""
 
-    __slots__ = ("start", "values")
+    __slots__ = ("lists", "start")
 
     def __init__(self) -> None:
-        self.values: list[float | None] = []
+        self.lists: tuple[list[float | None], ...] = tuple([] for _ in _SERIES)
         self.start = 0
 
     def popleft(self) -> None:
         self.start += 1
-        if self.start >= 32 and 2 * self.start >= len(self.values):
-            # compact into a new list: series already taken keep the old one
-            self.values = self.values[self.start :]
+        if self.start >= 32 and 2 * self.start >= len(self.lists[0]):
+            # compact into new lists: series already taken keep the old ones
+            self.lists = tuple(values[self.start :] for values in self.lists)
             self.start = 0
 
     def clear(self) -> None:
-        self.values = []  # a new list, never cleared in place, for the same reason
+        self.lists = tuple([] for _ in _SERIES)  # new lists, for the same reason
         self.start = 0
+
+    def series(self) -> RankSeries:
+        return RankSeries(self.lists, self.start, len(self.lists[0]))
 
 
 class RankWindow(NamedTuple):
@@ -192,7 +197,7 @@ class _Rank:
     def __init__(self, latest: RankView) -> None:
         self.views: deque[_Counts] = deque()
         self.latest = latest
-        self.series: tuple[_Column, ...] = tuple(_Column() for _ in _SERIES)
+        self.series = _Columns()
 
     def add(self, seq: int, view: RankView) -> None:
         views = self.views
@@ -201,21 +206,20 @@ class _Rank:
             a = views[-1]
             if view.steps < a[_STEPS]:  # restarted: counters from 0
                 views.clear()
-                for series in self.series:
-                    series.clear()
+                self.series.clear()
             else:  # the step time and phase shares from the previous view to this one
                 n = counts[_MEASURED] - a[_MEASURED]
                 d = counts[_DUR] - a[_DUR]
-                step_seconds, data_wait, compute, comm, other = self.series
-                step_seconds.values.append(d / n if n > 0 else None)
+                step_seconds, data_wait, compute, comm, other = self.series.lists
+                step_seconds.append(d / n if n > 0 else None)
                 if n > 0 and d > 0:
-                    data_wait.values.append((counts[4] - a[4]) / d)
-                    compute.values.append((counts[5] - a[5]) / d)
-                    comm.values.append((counts[6] - a[6]) / d)
-                    other.values.append((counts[7] - a[7]) / d)
+                    data_wait.append((counts[4] - a[4]) / d)
+                    compute.append((counts[5] - a[5]) / d)
+                    comm.append((counts[6] - a[6]) / d)
+                    other.append((counts[7] - a[7]) / d)
                 else:
                     for share in (data_wait, compute, comm, other):
-                        share.values.append(None)
+                        share.append(None)
         views.append(counts)
         self.latest = view
 
@@ -225,22 +229,19 @@ class _Rank:
         while views and views[0][_SEQ] < oldest:
             views.popleft()
             if views:  # the entries between the dropped view and the next
-                for series in self.series:
-                    series.popleft()
+                self.series.popleft()
         return bool(views)
 
     def window(self) -> RankWindow:
         first = self.views[0]
         last = self.views[-1]
-        columns = self.series
-        head = columns[0]  # the columns move together: one start and stop for all
         return RankWindow(
             view=self.latest,
             steps=last[_MEASURED] - first[_MEASURED],
             all_steps=last[_STEPS] - first[_STEPS],
             dur=last[_DUR] - first[_DUR],
             phases=Phases._make(map(operator.sub, last[_DUR + 1 :], first[_DUR + 1 :])),
-            series=RankSeries(tuple([c.values for c in columns]), head.start, len(head.values)),
+            series=self.series.series(),
         )
 
 
