@@ -72,6 +72,6 @@ EXPOSE 9400
 # For Docker and Compose (Kubernetes ignores it and uses the chart's probes; images built
 # in OCI format drop it). Follows STEPSCOPE_LISTEN and the config file, not --listen.
 HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-m", "stepscope.healthcheck"]
+    CMD ["python", "-m", "stepscope.app.healthcheck"]
 ENTRYPOINT ["stepscope"]
 CMD ["serve"]

@@ -126,7 +126,7 @@ def _job_ranks(path: str, job: str, ranks: int, world: int, uuids: list[str],
                seconds: float, counts: Any) -> None:  # fmt: skip
     """One training job's process: ``ranks`` ranks, each sending one step a second for
     ``seconds`` with the SDK's own encoder, spread evenly over each second."""
-    from stepscope.datagram import StepEncoder
+    from stepscope.shared.datagram import StepEncoder
 
     encoders = [StepEncoder(job, r, r % 8, world, "bf16", uuids[r % len(uuids)] if uuids else None)
                 for r in range(ranks)]  # fmt: skip

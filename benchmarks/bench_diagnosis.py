@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
 
 from _local import ServedExporter, TrainingJobs, gpu_uuids, load_average, scrape
 from stepscope.core.exposition import Family
+from stepscope.core.registry import Registry
 from stepscope.core.sampler import (
     FULL_COLLECT_SECONDS,
     Sampler,
@@ -52,11 +53,7 @@ from stepscope.core.sampler import (
     release_collector,
 )
 from stepscope.core.snapshot import Snapshot
-from stepscope.core.source import ReadContext, Registry, Source
-from stepscope.datagram import (
-    Limits,
-    StepRecord,
-)
+from stepscope.core.source import ReadContext, Source
 from stepscope.diagnose.analysis import DiagnosisAnalysis
 from stepscope.diagnose.api import diagnosis_json
 from stepscope.diagnose.model import Diagnosis
@@ -67,6 +64,10 @@ from stepscope.gpu.source import GpuSource
 from stepscope.host.model import HOST_PART, HostReading, Pressure, ProcessReading
 from stepscope.ingest.aggregate import Aggregator, TrainingSettings
 from stepscope.ingest.source import IngestSource
+from stepscope.shared.datagram import (
+    Limits,
+    StepRecord,
+)
 
 
 class TimedDiagnosis(DiagnosisAnalysis):

@@ -45,9 +45,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "exporter"))
 
+from stepscope.core.registry import Registry  # noqa: E402
 from stepscope.core.sampler import Sampler, SamplerSettings  # noqa: E402
-from stepscope.core.source import ReadContext, Registry, Source  # noqa: E402
-from stepscope.datagram import Limits, StepRecord  # noqa: E402
+from stepscope.core.source import ReadContext, Source  # noqa: E402
 from stepscope.diagnose.analysis import DIAGNOSIS, DiagnosisAnalysis  # noqa: E402
 from stepscope.diagnose.model import Diagnosis  # noqa: E402
 from stepscope.gpu.simulated import (  # noqa: E402
@@ -61,6 +61,7 @@ from stepscope.ingest.aggregate import Aggregator, TrainingSettings  # noqa: E40
 from stepscope.ingest.source import IngestSource  # noqa: E402
 from stepscope.net.rdma import RdmaPort  # noqa: E402
 from stepscope.net.source import RdmaSource  # noqa: E402
+from stepscope.shared.datagram import Limits, StepRecord  # noqa: E402
 
 RULES = REPO / "deploy" / "prometheus" / "rules"
 SCRAPE = 15  # seconds between "scrapes" that feed promtool

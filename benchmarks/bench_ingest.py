@@ -75,8 +75,8 @@ def messages(uuid: str = "GPU-00000000-0000-0000-0000-000000000000") -> list[byt
 
 
 def in_process(n: int) -> Row:
-    from stepscope.datagram import Limits, StepRecord, parse_datagram
     from stepscope.ingest.aggregate import Aggregator
+    from stepscope.shared.datagram import Limits, StepRecord, parse_datagram
 
     agg = Aggregator()
     limits = Limits()

@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "exporter"))
 
-from stepscope.datagram import PHASES  # noqa: E402
+from stepscope.shared.datagram import PHASES  # noqa: E402
 from workers.integration_worker import MODES, launch  # noqa: E402
 
 ORDER = ("plain-ddp", "lightning-ddp", "hf-trainer", "accelerate", "plain-fsdp",

@@ -195,8 +195,8 @@ def make_sampler(
 ) -> Any:
     """A real Sampler over ``backend``'s GPUs plus ``sources`` (registered after the GPU
     source, in order) and ``analyses``, as ``stepscope serve`` builds one."""
+    from stepscope.core.registry import Registry
     from stepscope.core.sampler import Sampler, SamplerSettings
-    from stepscope.core.source import Registry
     from stepscope.gpu.source import GpuSource
 
     registry = Registry()

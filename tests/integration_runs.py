@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from conftest import Exporter, parse_samples, start_exporter, wait_for
-from stepscope.datagram import PHASES
+from stepscope.shared.datagram import PHASES
 from test_train_ddp import Collector
 from workers.integration_worker import FLOPS_PER_TOKEN, TOKENS, launch
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from stepscope.config import SETTINGS, Config, ConfigError, Listen, load
+from stepscope.app.config import SETTINGS, Config, Listen, load
+from stepscope.core.errors import ConfigError
 
 
 def test_defaults_match_the_documented_contract() -> None:
@@ -128,7 +129,7 @@ def test_a_key_given_twice_is_an_error_naming_it(tmp_path: Path) -> None:
 def test_every_setting_is_a_flag_and_a_readme_row() -> None:
     """The README's promise: every setting is a flag, a file key and STEPSCOPE_<NAME>
     (the two map-valued ones, peak_flops and diagnosis, are file or JSON only)."""
-    from stepscope.cli import _parser
+    from stepscope.app.cli import _parser
 
     parser = _parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from conftest import REPO, wait_for
-from stepscope.cli import main
+from stepscope.app.cli import main
 from stepscope.diagnose.cli import analyse_fleet, render_fleet
 
 NCCL = REPO / "tests" / "fixtures" / "nccl"

@@ -13,7 +13,6 @@ import pytest
 
 from conftest import make_sampler, parse_samples
 from stepscope.core.source import ReadContext, Source
-from stepscope.datagram import StepRecord
 from stepscope.diagnose.analysis import DIAGNOSIS, DiagnosisAnalysis
 from stepscope.diagnose.api import diagnosis_document
 from stepscope.diagnose.model import KINDS, MODIFIERS, Diagnosis, Verdict
@@ -23,6 +22,7 @@ from stepscope.host.model import HOST_PART, HostReading, Pressure, ProcessReadin
 from stepscope.ingest.aggregate import Aggregator
 from stepscope.ingest.source import IngestSource
 from stepscope.net.rdma import RDMA_PART, RdmaPort
+from stepscope.shared.datagram import StepRecord
 
 PID = 4242
 

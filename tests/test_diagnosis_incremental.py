@@ -23,7 +23,6 @@ from conftest import make_sampler
 from stepscope.core.labels import LabelSchema
 from stepscope.core.snapshot import Snapshot
 from stepscope.core.source import ReadContext, Source
-from stepscope.datagram import PHASES, Phases, StepRecord
 from stepscope.diagnose.analysis import (
     DIAGNOSIS,
     EVERY_PASS_RANKS,
@@ -47,6 +46,7 @@ from stepscope.ingest.aggregate import (
     TrainingView,
 )
 from stepscope.ingest.source import IngestSource
+from stepscope.shared.datagram import PHASES, Phases, StepRecord
 
 GPUS = 4
 SCENARIO: dict[str, Any] = {

@@ -146,7 +146,7 @@ def test_the_runtime_stage_has_no_pip_or_setuptools_from_the_base_image() -> Non
 def test_healthcheck_asks_the_exporter_itself() -> None:
     final = _stages(_instructions())[-1]
     (check,) = [c for c in final if c.cmd == "HEALTHCHECK"]
-    assert check.value == ("CMD", "python", "-m", "stepscope.healthcheck")
+    assert check.value == ("CMD", "python", "-m", "stepscope.app.healthcheck")
     assert "--interval=30s" in check.flags and "--timeout=5s" in check.flags
 
 
@@ -294,7 +294,7 @@ def test_image_install_has_its_extras_and_serves_simulated_gpus(image_venv: Path
         assert {lbl["gpu"] for lbl, _ in samples["DCGM_FI_PROF_SM_ACTIVE"]} == {"0", "1"}
         # the HEALTHCHECK command, as Docker runs it, with the port from the environment
         health_env = {**env, "STEPSCOPE_LISTEN": address}
-        health = [py, "-m", "stepscope.healthcheck"]
+        health = [py, "-m", "stepscope.app.healthcheck"]
         ok = subprocess.run(health, env=health_env, capture_output=True, text=True)
         assert ok.returncode == 0, ok.stderr
     finally:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import parse_samples, wait_for
-from stepscope.cli import DriverLoadedLate, build_backend_waiting
-from stepscope.config import Config
+from stepscope.app.cli import DriverLoadedLate, build_backend_waiting
+from stepscope.app.config import Config
 from stepscope.gpu.model import GpuBackend, NoDriverError
 
 
@@ -138,7 +138,7 @@ def test_as_a_service_without_a_driver_it_waits_logs_once_then_exits_2(tmp_path:
 # GPUs. Everything else (flags, waiting, logging, serving) is the real command.
 _LATE_DRIVER = """
 import dataclasses, os, sys
-import stepscope.serve as serve
+import stepscope.app.serve as serve
 from stepscope.gpu.model import NoDriverError
 real = serve.build_backend
 def late(cfg):
@@ -146,7 +146,7 @@ def late(cfg):
         raise NoDriverError("NVML unavailable: the NVIDIA kernel driver is not loaded")
     return real(dataclasses.replace(cfg, simulate=2))
 serve.build_backend = late
-from stepscope.cli import main
+from stepscope.app.cli import main
 sys.exit(main(["serve", *sys.argv[2:]]))
 """
 

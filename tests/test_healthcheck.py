@@ -1,4 +1,4 @@
-"""The image's HEALTHCHECK (``python -m stepscope.healthcheck``): alive means the exporter
+"""The image's HEALTHCHECK (``python -m stepscope.app.healthcheck``): alive means the exporter
 answers on its port at all, over HTTP or HTTPS, whatever the status (basic auth answers
 401). Servers here are the standard library's, on loopback."""
 
@@ -47,7 +47,7 @@ def _check(port: int) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
     env["STEPSCOPE_LISTEN"] = f":{port}"
     return subprocess.run(
-        [sys.executable, "-m", "stepscope.healthcheck"],
+        [sys.executable, "-m", "stepscope.app.healthcheck"],
         env=env, capture_output=True, text=True, timeout=30,
     )
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from stepscope.datagram import Limits, StepRecord
 from stepscope.ingest.aggregate import STEP_BUCKETS, Aggregator, Sender, TrainingSettings
+from stepscope.shared.datagram import Limits, StepRecord
 
 
 class FakeClock:

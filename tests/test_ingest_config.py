@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.config import ConfigError, load
-from stepscope.serve import training_settings_of
+from stepscope.app.config import load
+from stepscope.app.serve import training_settings_of
+from stepscope.core.errors import ConfigError
 
 
 def test_training_defaults_are_the_documented_ones() -> None:

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from stepscope.datagram import (
+from stepscope.shared.datagram import (
     MAX_DATAGRAM_BYTES,
     MAX_RANK,
     REJECT_REASONS,

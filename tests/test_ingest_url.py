@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from stepscope.config import ConfigError, load
-from stepscope.datagram import IngestURLError, parse_ingest_url
+from stepscope.app.config import load
+from stepscope.core.errors import ConfigError
+from stepscope.shared.datagram import IngestURLError, parse_ingest_url
 from stepscope.train import StepReporter
 
 GOOD = [

@@ -14,13 +14,13 @@ from conftest import make_sampler
 from stepscope.attribution.hpc_jobs import HpcJobSource
 from stepscope.core.labels import HOST_LABELS
 from stepscope.core.sampler import SamplerSettings
-from stepscope.datagram import StepRecord
 from stepscope.diagnose.analysis import DiagnosisAnalysis
 from stepscope.gpu.simulated import SimulatedBackend, default_scenario
 from stepscope.host.source import HostSource
 from stepscope.ingest.aggregate import Aggregator
 from stepscope.ingest.source import IngestSource
 from stepscope.net.source import RdmaSource
+from stepscope.shared.datagram import StepRecord
 
 # name="value" pairs inside {...}, escapes included
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from conftest import start_exporter
-from stepscope.logformat import JsonFormatter
+from stepscope.app.logformat import JsonFormatter
 
 
 def test_the_exporter_logs_one_json_object_per_line(tmp_path: Path) -> None:

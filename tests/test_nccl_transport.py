@@ -18,10 +18,15 @@ import pytest
 import yaml
 
 from conftest import REPO, parse_samples, promtool, start_exporter, wait_for
-from stepscope.datagram import NCCL_TRANSPORTS, Limits, Rejection, StepEncoder, parse_datagram
-from stepscope.diagnose.nccl import parse_nccl_log
 from stepscope.ingest.aggregate import Aggregator
-from stepscope.nccl_log import process_transport
+from stepscope.shared.datagram import (
+    NCCL_TRANSPORTS,
+    Limits,
+    Rejection,
+    StepEncoder,
+    parse_datagram,
+)
+from stepscope.shared.nccl_log import parse_nccl_log, process_transport
 from stepscope.train import _nccl
 
 FIXTURES = REPO / "tests" / "fixtures" / "nccl"

@@ -15,15 +15,16 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import make_sampler, parse_samples
+from stepscope.app.serve import PAGES
 from stepscope.core.exposition import GAUGE, Family
 from stepscope.core.labels import GpuIdentity, LabelSchema, Pairs
+from stepscope.core.registry import Registry
 from stepscope.core.sampler import RENDER_AHEAD_PASSES
 from stepscope.core.snapshot import BODY, GZIP
-from stepscope.core.source import PartKey, ReadContext, Registry, Source, Tier
+from stepscope.core.source import PartKey, ReadContext, Source, Tier
 from stepscope.core.web import make_app
 from stepscope.diagnose.analysis import DiagnosisAnalysis
 from stepscope.gpu.simulated import SimulatedBackend, default_scenario
-from stepscope.serve import PAGES
 
 
 class Clock:

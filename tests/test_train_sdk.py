@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from stepscope import datagram as schema
+from stepscope.shared import datagram as schema
 from stepscope.train import StepReporter, transformer_flops_per_token
 from stepscope.train._timeline import PREWARM_EVENTS
 

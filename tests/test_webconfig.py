@@ -30,7 +30,7 @@ import pytest
 from aiohttp import web
 
 from conftest import REPO, start_exporter, wait_for
-from stepscope.config import ConfigError
+from stepscope.core.errors import ConfigError
 from stepscope.webconfig import (
     ALLOWED_HEADERS,
     GO_CIPHER_SUITES,

@@ -2,6 +2,6 @@
 
 import sys
 
-from stepscope.cli import main
+from stepscope.app.cli import main
 
 sys.exit(main())

@@ -55,8 +55,8 @@ import yaml
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from stepscope.config import ConfigError
-from stepscope.yamltext import strict_load
+from stepscope.core.errors import ConfigError
+from stepscope.core.yamltext import strict_load
 
 log = logging.getLogger(__name__)
 

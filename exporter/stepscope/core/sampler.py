@@ -30,15 +30,9 @@ from stepscope.core.labels import (
     LabelSchemaBuilder,
     Pairs,
 )
+from stepscope.core.registry import Analysis, Registry
 from stepscope.core.snapshot import Published, Snapshot
-from stepscope.core.source import (
-    Analysis,
-    ReadContext,
-    Registry,
-    Source,
-    SourceHealth,
-    Tier,
-)
+from stepscope.core.source import ReadContext, Source, SourceHealth, Tier
 
 # Passes after the last one read for which the sampler still renders ahead (a reader
 # whose period is not known yet; one late past the time expected).

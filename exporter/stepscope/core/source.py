@@ -1,11 +1,12 @@
-"""One way in for everything the sampler reads: :class:`Source`, and the registry.
+"""One way in for everything the sampler reads: :class:`Source`.
 
 A source has a name (its ``collector`` label and the key of its part in the Snapshot),
 a tier (every pass, the slow cadence, or its own interval), ``read()`` returning an
 immutable part, and the metric families of that part. Optional hooks let a source
 name the node's GPUs or training ranks (for the label schema), attribute extra labels
 to GPUs (the enrichment stage) or add evidence lines to the diagnosis. Adding a source
-is one file (a subclass) and one registration line (``stepscope/sources.py``).
+is one file (a subclass) and one registration line (``stepscope/app/sources.py``);
+the registry and the analyses over finished Snapshots are in :mod:`stepscope.core.registry`.
 
 The sampler wraps every read the same way: timed, failures isolated (a failing source
 costs its own part, never the pass), and served per source as node_exporter does:
@@ -16,18 +17,14 @@ costs its own part, never the pass), and served per source as node_exporter does
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from stepscope.core.exposition import Family
 from stepscope.core.labels import GpuIdentity, LabelSchema, Pairs, RankIdentity
 
-if TYPE_CHECKING:
-    from stepscope.core.snapshot import Snapshot
-
 T = TypeVar("T")
-R = TypeVar("R")
 
 
 class Tier(enum.Enum):
@@ -124,62 +121,3 @@ class Source(Generic[T]):
 
     def close(self) -> None:
         """Release what the source holds (the sampler calls it on stop)."""
-
-
-class Analysis(Generic[R]):
-    """A stage over the finished Snapshot (the diagnosis): its result rides beside it.
-
-    It may keep state across passes (a window of Snapshots); it runs on the sampler
-    thread after the reads, wrapped like a source (timed, isolated, health served).
-    A costly one may skip passes nobody is expected to read: :meth:`reuse_for` says for
-    how long its last result may stand in, and :meth:`observe` then keeps its state.
-    """
-
-    name: str
-
-    def run(self, snapshot: Snapshot) -> R:
-        """The result for ``snapshot`` (the newest of the passes seen so far)."""
-        raise NotImplementedError
-
-    def observe(self, snapshot: Snapshot) -> None:
-        """Keep what must see every pass, on a pass whose result is not made."""
-
-    def reuse_for(self, snapshot: Snapshot) -> float:
-        """Seconds the last result may stand in for passes nobody is expected to read
-        (0: made every pass, the default)."""
-        return 0.0
-
-    def families(self, result: R, snapshot: Snapshot) -> Iterable[Family]:
-        """The metric families of ``result``."""
-        return ()
-
-
-@dataclass
-class Registry:
-    """Every source and analysis of an exporter, in reading order; names are unique."""
-
-    sources: list[Source[object]] = field(default_factory=list)
-    analyses: list[Analysis[object]] = field(default_factory=list)
-
-    def register(self, source: Source[T]) -> Source[T]:
-        """Add a source (read after those registered before it). Returns it."""
-        self._check(source.name)
-        self.sources.append(source)  # type: ignore[arg-type]
-        return source
-
-    def register_analysis(self, analysis: Analysis[R]) -> Analysis[R]:
-        """Add an analysis (run after every source, in registration order). Returns it."""
-        self._check(analysis.name)
-        self.analyses.append(analysis)  # type: ignore[arg-type]
-        return analysis
-
-    def _check(self, name: str) -> None:
-        if not name or not name.replace("_", "").isalnum():
-            raise ValueError(f"source name {name!r}: use letters, digits and _")
-        if name in self.names():
-            raise ValueError(f"a source named {name!r} is already registered")
-
-    def names(self) -> Iterator[str]:
-        """Every registered name."""
-        yield from (s.name for s in self.sources)
-        yield from (a.name for a in self.analyses)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from stepscope.core.exposition import Family
+from stepscope.core.registry import Analysis
 from stepscope.core.snapshot import Snapshot
-from stepscope.core.source import Analysis
 from stepscope.diagnose.engine import diagnose
 from stepscope.diagnose.faults import FaultTracker, HeldXid
 from stepscope.diagnose.finished import FinishedRank, FinishedTracker

@@ -26,7 +26,7 @@ from typing import Any
 from stepscope.core.labels import HOST_LABEL, HOST_LABELS, with_host_label
 from stepscope.diagnose.advice import KIND_ADVICE, advice_for
 from stepscope.diagnose.model import BOTTLENECK_KINDS, MODIFIERS
-from stepscope.diagnose.nccl import parse_nccl_log
+from stepscope.shared.nccl_log import parse_nccl_log
 
 EXIT_HEALTHY = 0
 EXIT_BOTTLENECK = 1

@@ -19,7 +19,6 @@ from typing import Protocol
 
 from stepscope.core.labels import GpuIdentity
 from stepscope.core.snapshot import Snapshot
-from stepscope.datagram import PHASES
 from stepscope.diagnose.advice import advice_for
 from stepscope.diagnose.faults import Fault, HeldXid, gpu_faults, noted_xids
 from stepscope.diagnose.finished import FinishedRank
@@ -31,6 +30,7 @@ from stepscope.gpu.model import GPU_PART, GpuInfo, GpuState
 from stepscope.host.model import HostReading, ProcessReading
 from stepscope.ingest.aggregate import INGEST_PART, TrainingView
 from stepscope.ingest.mfu import rank_mfu
+from stepscope.shared.datagram import PHASES
 
 _THERMAL_BITS = int(THERMAL_EVENTS)
 _POWER_BITS = int(POWER_EVENTS)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stepscope.yamltext import mapping_text
+from stepscope.core.yamltext import mapping_text
 
 
 @dataclass(frozen=True)

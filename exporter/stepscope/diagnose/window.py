@@ -19,11 +19,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, Generic, NamedTuple, TypeVar, overload
 
 from stepscope.core.snapshot import Snapshot
-from stepscope.datagram import PHASES, Phases
 from stepscope.gpu.model import GPU_PART, GpuState
 from stepscope.host.model import HOST_PART, HostReading, ProcessReading
 from stepscope.ingest.aggregate import INGEST_PART, RankView
 from stepscope.net.rdma import RDMA_PART, RdmaPort
+from stepscope.shared.datagram import PHASES, Phases
 
 # A hard cap whatever the window and interval: memory stays bounded.
 MAX_SNAPSHOTS = 3600

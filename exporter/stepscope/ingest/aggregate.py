@@ -48,8 +48,8 @@ from typing import NamedTuple, cast
 
 from stepscope.core.labels import RankIdentity
 from stepscope.core.source import PartKey
-from stepscope.datagram import DEFAULT_PRECISION, REJECT_REASONS, Limits, Phases, StepRecord
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS, PeakTable
+from stepscope.shared.datagram import DEFAULT_PRECISION, REJECT_REASONS, Limits, Phases, StepRecord
 
 # Upper bounds (seconds) of the step-duration histogram, for training steps from
 # 10 ms (small models, inference-like loops) to 2 min (huge global batches, pipeline

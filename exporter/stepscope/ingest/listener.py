@@ -2,7 +2,7 @@
 aggregator.
 
 ``unix:///run/stepscope/ingest.sock`` (default) or ``udp://127.0.0.1:9401`` (loopback
-only), in the grammar of :func:`stepscope.datagram.parse_ingest_url`, the SDK's own.
+only), in the grammar of :func:`stepscope.shared.datagram.parse_ingest_url`, the SDK's own.
 
 The Unix socket is the authenticated transport (docs/ingest.md#threat-model): every
 datagram arrives with the sender's uid, gid and pid as the kernel vouches for them
@@ -57,14 +57,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepscope.datagram import (
+from stepscope.ingest.aggregate import Aggregator, Sender
+from stepscope.shared.datagram import (
     MAX_DATAGRAM_BYTES,
     MAX_UNIX_PATH_BYTES,
     Rejection,
     parse_datagram,
     parse_ingest_url,
 )
-from stepscope.ingest.aggregate import Aggregator, Sender
 
 log = logging.getLogger("stepscope.ingest")
 

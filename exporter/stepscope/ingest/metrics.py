@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from stepscope.core.exposition import COUNTER, GAUGE, HISTOGRAM, Family, join_labels, label_string
 from stepscope.core.labels import LabelSchema
-from stepscope.datagram import NCCL_TRANSPORTS, PHASES
 from stepscope.ingest.aggregate import STEP_BUCKETS, TrainingView
 from stepscope.ingest.mfu import rank_mfu
 from stepscope.ingest.peak_flops import PeakTable
+from stepscope.shared.datagram import NCCL_TRANSPORTS, PHASES
 
 # le values as prometheus_client writes them ("0.5", "1.0", "+Inf")
 _LE = (*(label_string((("le", repr(float(b))),)) for b in STEP_BUCKETS), '{le="+Inf"}')

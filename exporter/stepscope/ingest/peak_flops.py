@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from stepscope.datagram import PRECISIONS
+from stepscope.shared.datagram import PRECISIONS
 
 T = 1e12
 

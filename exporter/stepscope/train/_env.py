@@ -1,7 +1,7 @@
 """Where a rank is and where it sends: launcher environment, ingest URL, GPU UUID.
 
 Standard library only; torch is looked up in ``sys.modules`` and never imported here.
-The ingest URL grammar is the exporter's (:mod:`stepscope.datagram`), so the SDK and
+The ingest URL grammar is the exporter's (:mod:`stepscope.shared.datagram`), so the SDK and
 the exporter read every URL the same way (the exporter also wants UDP on loopback).
 """
 
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 # IngestAddress re-exported: the sender takes it from here
-from stepscope.datagram import IngestAddress as IngestAddress
-from stepscope.datagram import IngestURLError, parse_ingest_url
+from stepscope.shared.datagram import IngestAddress as IngestAddress
+from stepscope.shared.datagram import IngestURLError, parse_ingest_url
 
 log = logging.getLogger("stepscope.train")
 
@@ -64,7 +64,7 @@ def placement_from_env(env: Mapping[str, str]) -> Placement:
 
 def parse_ingest(url: str) -> IngestAddress:
     """Parse an ingest URL with the exporter's own grammar
-    (:func:`stepscope.datagram.parse_ingest_url`); raise ``ValueError`` naming the URL
+    (:func:`stepscope.shared.datagram.parse_ingest_url`); raise ``ValueError`` naming the URL
     when it is malformed (``TypeError`` when it is not a string).
 
     Called once, when the reporter is made, never per step: a bad URL is a

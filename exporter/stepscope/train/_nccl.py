@@ -19,7 +19,7 @@ NCCL reads these variables when it first initialises, at the first collective of
 process group: construct the reporter before that (before ``init_process_group`` is
 simplest). The file is read by the SDK's sender thread, at most once a second, without
 blocking (a FIFO or other non-regular file is refused) and at most :data:`MAX_BYTES`
-of it; the parser is ``stepscope nccl-check``'s (:mod:`stepscope.nccl_log`).
+of it; the parser is ``stepscope nccl-check``'s (:mod:`stepscope.shared.nccl_log`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable, MutableMapping
 
-from stepscope.nccl_log import process_transport
+from stepscope.shared.nccl_log import process_transport
 
 log = logging.getLogger("stepscope.train")
 
@@ -93,7 +93,7 @@ def expand(template: str, pid: int, hostname: str | None = None) -> str:
 
 class TransportWatcher:
     """Reads one process's NCCL debug file as it grows; ``poll()`` returns the transport
-    once the log names it (one of :data:`~stepscope.datagram.NCCL_TRANSPORTS`).
+    once the log names it (one of :data:`~stepscope.shared.datagram.NCCL_TRANSPORTS`).
 
     Called from the sender thread every tick; it looks at the file at most every
     ``interval`` seconds. Never raises; a file that cannot be read is retried (NCCL

@@ -1,5 +1,6 @@
 """What the framework integrations share: one optimizer step over micro-batches,
-tokens counted from a batch, and the rule that a callback never raises.
+tokens counted from a batch, and which comm hook times a wrapped model (the rule
+that a callback never raises is :mod:`._guard`).
 
 Standard library only, like the rest of ``stepscope.train``: the integrations that
 import Lightning, transformers or torch live in their own submodules.
@@ -7,42 +8,12 @@ import Lightning, transformers or torch live in their own submodules.
 
 from __future__ import annotations
 
-import functools
 import importlib
-import logging
 import sys
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from stepscope.train.reporter import StepReporter
-
-log = logging.getLogger("stepscope.train")
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class _Counts(Protocol):
-    errors: int
-    _logged: set[str]
-
-
-def guarded(method: F) -> F:
-    """Run a callback method, swallowing its errors: count them in ``self.errors``
-    and log each method's first one. The training loop never sees our failures."""
-
-    @functools.wraps(method)
-    def wrapper(self: _Counts, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as err:
-            self.errors += 1
-            if method.__name__ not in self._logged:
-                self._logged.add(method.__name__)
-                log.warning("stepscope: %s failed (counted, training goes on): %r",
-                            method.__name__, err)
-            return None
-
-    return wrapper  # type: ignore[return-value]
 
 
 def count_tokens(batch: Any) -> int:
@@ -131,6 +102,7 @@ def watch_comm(reporter: StepReporter, model: Any) -> object:
         return reporter.watch_ddp(model) or None
     fsdp = importlib.import_module("torch.distributed.fsdp")
     if isinstance(model, (fsdp.FullyShardedDataParallel, fsdp.FSDPModule)):
-        watch_fsdp = importlib.import_module("stepscope.train.fsdp").watch_fsdp
+        from stepscope.train.fsdp import watch_fsdp  # imports torch: only for FSDP
+
         return watch_fsdp(reporter, model)
     return None

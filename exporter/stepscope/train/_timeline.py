@@ -28,8 +28,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from stepscope import datagram as schema
-from stepscope.datagram import PendingStep
+from stepscope.shared import datagram as schema
+from stepscope.shared.datagram import PendingStep
 
 log = logging.getLogger("stepscope.train")
 
@@ -60,7 +60,7 @@ def step_record(
     flops: float,
 ) -> PendingStep | None:
     """The record to send for a step, or None if its duration cannot be sent (over
-    :data:`~stepscope.datagram.MAX_STEP_SECONDS`). Comm is clamped to the body."""
+    :data:`~stepscope.shared.datagram.MAX_STEP_SECONDS`). Comm is clamped to the body."""
     if not 0.0 < dur <= schema.MAX_STEP_SECONDS:
         if dur > 0.0 or dur != dur:
             return None

@@ -19,7 +19,8 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from stepscope.train._span import OptimizerStep, guarded, precision_of, watch_comm
+from stepscope.train._guard import guarded
+from stepscope.train._span import OptimizerStep, precision_of, watch_comm
 from stepscope.train.reporter import StepReporter
 
 T = TypeVar("T")

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch.distributed.algorithms._comm_hooks import default_hooks
 
-from stepscope.train._span import guarded
+from stepscope.train._guard import guarded
 from stepscope.train.reporter import StepReporter
 
 log = logging.getLogger("stepscope.train")

@@ -33,7 +33,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from stepscope.train._span import OptimizerStep, count_tokens, guarded, watch_comm
+from stepscope.train._guard import guarded
+from stepscope.train._span import OptimizerStep, count_tokens, watch_comm
 from stepscope.train.flops import transformer_flops_per_token
 from stepscope.train.reporter import StepReporter
 

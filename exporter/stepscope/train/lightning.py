@@ -30,13 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stepscope.train._span import (
-    OptimizerStep,
-    count_tokens,
-    guarded,
-    precision_of,
-    watch_comm,
-)
+from stepscope.train._guard import guarded
+from stepscope.train._span import OptimizerStep, count_tokens, precision_of, watch_comm
 from stepscope.train.reporter import StepReporter
 
 

@@ -25,7 +25,6 @@ errors (logged once), bad per-step values are zeroed and counted.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
@@ -36,9 +35,9 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
-from stepscope import datagram as schema
-from stepscope.datagram import PendingStep, StepEncoder
-from stepscope.train import _nccl
+from stepscope.shared import datagram as schema
+from stepscope.shared.datagram import PendingStep, StepEncoder
+from stepscope.train import _nccl, ddp
 from stepscope.train._env import (
     cuda_device_uuid,
     loaded_torch,
@@ -73,47 +72,6 @@ def _check_flops(name: str, value: object) -> float | None:
     if not math.isfinite(out) or out < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return out
-
-
-class _Comm:
-    """Exposed-communication bookkeeping fed by the DDP comm hook.
-
-    Per backward pass: ``ready`` is when the last bucket's gradients were ready
-    (backward's own compute is over), ``done`` the latest all-reduce completion.
-    Exposed = max(0, done - ready). On CUDA both are events, resolved with the step.
-    The hook and its callbacks run in autograd and process-group threads, hence
-    the lock.
-    """
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.launched = 0
-        self.completed = 0
-        self.ready: float | None = None
-        self.done = 0.0
-        self.ready_event: Any = None
-        self.done_events: list[Any] = []
-        self.host_seconds = 0.0  # folded backward passes of the open step
-        self.event_pairs: list[tuple[Any, list[Any]]] = []
-
-    def fold(self) -> None:
-        """Close one backward pass (all its buckets done). Caller holds the lock."""
-        if self.ready_event is not None:
-            self.event_pairs.append((self.ready_event, self.done_events))
-            self.ready_event, self.done_events = None, []
-        elif self.ready is not None:
-            self.host_seconds += max(0.0, self.done - self.ready)
-        self.ready, self.done = None, 0.0
-        self.launched = self.completed = 0
-
-    def take(self) -> tuple[float, list[tuple[Any, list[Any]]]]:
-        """The open step's exposed comm (host seconds, CUDA event pairs); resets."""
-        with self.lock:
-            if self.launched and self.launched == self.completed:
-                self.fold()
-            seconds, pairs = self.host_seconds, self.event_pairs
-            self.host_seconds, self.event_pairs = 0.0, []
-            return seconds, pairs
 
 
 class _Encoders:
@@ -297,7 +255,7 @@ class StepReporter:
         self._tokens: Any = 0
         self._flops: Any = None
         self._ctx = _StepContext(self)
-        self._comm = _Comm()
+        self._comm = ddp.ExposedComm()
         self._watching = False
         self._timeline: CudaTimeline | None = None
         self._start_event: Any = None
@@ -361,33 +319,12 @@ class StepReporter:
         ``DistributedDataParallel``, or one that already has a comm hook, it warns
         once and does nothing.
         """
-        try:
-            torch = loaded_torch()
-            if torch is None:
-                self._warn_once("ddp", "stepscope: watch_ddp: torch is not imported; no comm")
-                return False
-            ddp_type = importlib.import_module("torch.nn.parallel").DistributedDataParallel
-            if not isinstance(model, ddp_type):
-                self._warn_once(
-                    "ddp",
-                    "stepscope: watch_ddp: %s is not DistributedDataParallel; no comm",
-                    type(model).__name__,
-                )
-                return False
-            if getattr(model, "_comm_hooks", None):
-                self._warn_once(
-                    "ddp", "stepscope: watch_ddp: the model already has a comm hook; no comm"
-                )
-                return False
-            hook: Callable[[Any, Any], Any] = lambda state, bucket: self._hook(state, bucket)  # noqa: E731
-            hook.__name__ = hook.__qualname__ = "stepscope_allreduce_hook"
-            model.register_comm_hook(state=model.process_group, hook=hook)
-            self._torch = torch
-            self._watching = True
-            return True
-        except Exception as err:
-            self._warn_once("ddp", "stepscope: watch_ddp failed, no comm timing: %r", err)
+        torch = ddp.register_timed_allreduce(model, self._comm, self._event, self._warn_once)
+        if torch is None:
             return False
+        self._torch = torch
+        self._watching = True
+        return True
 
     def add_time(self, phase: str, start: Any, end: Any) -> None:
         """Count ``start``→``end`` as ``phase`` time the caller measured itself.
@@ -631,62 +568,6 @@ class StepReporter:
         """The network NCCL chose for this rank, once its debug output said
         (``efa``, ``ib``, ``libfabric``, ``socket``); None before, or when not watched."""
         return self._encoders.transport
-
-    # -- DDP comm hook ----------------------------------------------------------
-
-    def _hook(self, process_group: Any, bucket: Any) -> Any:
-        """DDP's default all-reduce (divide, all-reduce, average), timed."""
-        dist: Any = importlib.import_module("torch.distributed")
-        group = process_group if process_group is not None else dist.group.WORLD
-        tensor = bucket.buffer()
-        tensor.div_(group.size())
-        cuda = tensor.is_cuda
-        comm = self._comm
-        try:
-            is_last = bucket.is_last()
-            with comm.lock:
-                if comm.launched and comm.launched == comm.completed and bucket.index() == 0:
-                    comm.fold()  # a second backward in the same step
-                comm.launched += 1
-                if is_last:
-                    if cuda:
-                        ev = self._event()  # None: pool spent, this pass untimed
-                        if ev is not None:
-                            ev.record()  # on the stream backward computed on
-                        comm.ready_event = ev
-                    else:
-                        comm.ready = time.perf_counter()
-        except Exception as err:
-            self._warn_once("hook", "stepscope: comm hook timing failed: %r", err)
-        fut = dist.all_reduce(tensor, group=group, async_op=True).get_future()
-
-        def finished(f: Any) -> Any:
-            try:
-                if cuda:
-                    # Runs on a stream made to wait for the all-reduce: this event
-                    # completes when the all-reduce has, on the GPU.
-                    ev = self._event()
-                    if ev is not None:
-                        ev.record()
-                    now = 0.0
-                else:
-                    now = time.perf_counter()
-                with comm.lock:
-                    if cuda:
-                        if ev is not None:
-                            comm.done_events.append(ev)
-                    elif now > comm.done:
-                        comm.done = now
-                    comm.completed += 1
-                    if comm.completed == comm.launched and (
-                        comm.ready is not None or comm.ready_event is not None
-                    ):
-                        comm.fold()
-            except Exception as err:
-                self._warn_once("hook", "stepscope: comm hook timing failed: %r", err)
-            return f.value()[0]  # an all-reduce error is DDP's to raise
-
-        return fut.then(finished)
 
     # -- helpers ----------------------------------------------------------------
 

@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepscope import __version__
-from stepscope.config import Config, ConfigError, Listen, env_name, load
+from stepscope.app.config import Config, Listen, env_name, load
+from stepscope.core.errors import ConfigError
 
 if TYPE_CHECKING:
     from stepscope.gpu.model import GpuBackend
@@ -191,9 +192,9 @@ def build_backend_waiting(
 
 def serve(flags: dict[str, Any]) -> int:
     """Run the exporter until SIGTERM; returns the exit status."""
+    from stepscope.app.serve import build_backend, configure_logging, run_server
     from stepscope.gpu.model import NoDriverError
     from stepscope.gpu.scenario import ScenarioError
-    from stepscope.serve import build_backend, configure_logging, run_server
 
     try:
         cfg = load(flags)

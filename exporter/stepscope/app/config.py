@@ -19,23 +19,20 @@ from typing import Any
 
 import yaml
 
+from stepscope.core.errors import ConfigError
 from stepscope.core.labels import HOST_LABEL, HOST_LABELS
-from stepscope.datagram import (
+from stepscope.core.yamltext import mapping_text, strict_load
+from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
+from stepscope.ingest.aggregate import TrainingSettings
+from stepscope.ingest.listener import IngestAccess
+from stepscope.shared.datagram import (
     DEFAULT_INGEST,
     MAX_LABEL_LENGTH,
     IngestURLError,
     Limits,
     parse_ingest_url,
 )
-from stepscope.datagram import PRECISIONS as _PRECISIONS
-from stepscope.diagnose.thresholds import Thresholds, parse_thresholds
-from stepscope.ingest.aggregate import TrainingSettings
-from stepscope.ingest.listener import IngestAccess
-from stepscope.yamltext import mapping_text, strict_load
-
-
-class ConfigError(ValueError):
-    """A setting is missing, malformed or out of range; the message names it."""
+from stepscope.shared.datagram import PRECISIONS as _PRECISIONS
 
 
 @dataclass(frozen=True)

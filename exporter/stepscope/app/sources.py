@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from stepscope.app.config import Config
 from stepscope.attribution.hpc_jobs import HpcJobSource
 from stepscope.attribution.kubernetes import KubernetesSource
 from stepscope.aws.source import NodeTopologySource
-from stepscope.config import Config
 from stepscope.core.guard import ConnectionGuard, HttpSource
-from stepscope.core.source import Registry
+from stepscope.core.registry import Registry
 from stepscope.diagnose.analysis import DiagnosisAnalysis
 from stepscope.gpu.model import GpuBackend
 from stepscope.gpu.source import GpuSource

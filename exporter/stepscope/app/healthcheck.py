@@ -1,4 +1,4 @@
-"""``python -m stepscope.healthcheck``: does the exporter on this host answer?
+"""``python -m stepscope.app.healthcheck``: does the exporter on this host answer?
 
 The container image's HEALTHCHECK. It finds the port the way ``stepscope serve`` does from
 the config file and ``STEPSCOPE_*`` environment (not from command-line flags, which it
@@ -49,7 +49,8 @@ def answers(url: str, timeout: float = TIMEOUT_S) -> bool:
 
 def main() -> int:
     """Exit status for a container HEALTHCHECK: 0 alive, 1 not answering."""
-    from stepscope.config import ConfigError, load
+    from stepscope.app.config import load
+    from stepscope.core.errors import ConfigError
 
     try:
         listen = load({}).listen

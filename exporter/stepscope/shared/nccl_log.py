@@ -1,10 +1,10 @@
 """Which network NCCL chose, per rank, from ``NCCL_DEBUG=INFO`` logs. Pure parsing.
 
 The one parser of NCCL's debug output: ``stepscope nccl-check`` reads log files with it
-after the fact (``stepscope.diagnose.nccl`` re-exports it), and the training SDK reads
+after the fact (``stepscope.shared.nccl_log`` re-exports it), and the training SDK reads
 its own rank's debug file with it while the job runs (``nccl_transport=True``). Standard
 library only, importing nothing of stepscope but the datagram schema (whose
-:data:`~stepscope.datagram.NCCL_TRANSPORTS` is the vocabulary a rank may report), so
+:data:`~stepscope.shared.datagram.NCCL_TRANSPORTS` is the vocabulary a rank may report), so
 the SDK stays light.
 
 NCCL prefixes each line with ``host:pid:tid [cudaDev] NCCL INFO|WARN``; launchers may
@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from stepscope.datagram import NCCL_TRANSPORTS
+from stepscope.shared.datagram import NCCL_TRANSPORTS
 
 _LINE = re.compile(
     r"(?:\[rank(?P<prefix_rank>\d+)\]:\s*)?.*?(?P<host>[^\s:\[\]]+):(?P<pid>\d+):\d+ "
@@ -84,7 +84,7 @@ class RankTransport:
     @property
     def transport(self) -> str:
         """``efa``, ``ib``, ``libfabric`` (another provider), ``socket`` (one of
-        :data:`~stepscope.datagram.NCCL_TRANSPORTS`) or ``unknown``."""
+        :data:`~stepscope.shared.datagram.NCCL_TRANSPORTS`) or ``unknown``."""
         net = (self.network or "").lower()
         used = {k.lower() for k in self.via}
         if "socket" in net or (not net and used == {"socket"}):
@@ -189,7 +189,7 @@ def _reason(p: RankTransport, text: str) -> None:
 
 def process_transport(lines: Iterable[str], pid: int | None = None) -> str | None:
     """The transport one process's NCCL chose, from its own debug output (a per-process
-    ``NCCL_DEBUG_FILE``): one of :data:`~stepscope.datagram.NCCL_TRANSPORTS`, or None
+    ``NCCL_DEBUG_FILE``): one of :data:`~stepscope.shared.datagram.NCCL_TRANSPORTS`, or None
     while the log does not say yet. ``pid``: the process to read when the file holds
     several (a shared file); by default the only (or first) one."""
     procs = parse_nccl_log(lines)

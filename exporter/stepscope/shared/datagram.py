@@ -73,7 +73,7 @@ MAX_LABEL_LENGTH = 128
 LABEL_VALUE_RE = re.compile(r"\A[A-Za-z0-9_.:/@+=-]{1,128}\Z")
 PRECISIONS = ("bf16", "fp16", "tf32", "fp32", "fp8")
 # What NCCL's network can be, in the words of `stepscope nccl-check`
-# (stepscope.nccl_log): EFA or another libfabric provider through aws-ofi-nccl,
+# (stepscope.shared.nccl_log): EFA or another libfabric provider through aws-ofi-nccl,
 # InfiniBand/RoCE verbs, TCP sockets. A closed set: the exporter serves it as a label.
 NCCL_TRANSPORTS = ("efa", "ib", "libfabric", "socket")
 PHASES = ("data_wait", "compute", "comm", "other")
@@ -252,7 +252,7 @@ class Limits:
     """What the exporter accepts from training processes (bounds cardinality).
 
     ``max_label_length`` applies to ``job``, the one free-form label (at most the
-    schema's :data:`~stepscope.datagram.MAX_LABEL_LENGTH`, which bounds ``uuid``);
+    schema's :data:`~stepscope.shared.datagram.MAX_LABEL_LENGTH`, which bounds ``uuid``);
     ``max_jobs`` and ``max_ranks_per_job`` are enforced by the aggregator.
     """
 
