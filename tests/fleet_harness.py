@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO, Exporter, parse_samples, start_exporter, wait_for
-from test_prometheus_e2e import CLUSTER, Prometheus, free_port, prometheus_binary
+from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
+from tests.test_prometheus_e2e import CLUSTER, Prometheus, free_port, prometheus_binary
 
 RULES = REPO / "deploy" / "prometheus" / "rules"
 WORKER = REPO / "tests" / "workers" / "fleet_ranks.py"

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from conftest import Exporter, parse_samples, start_exporter, wait_for
 from stepscope.shared.datagram import PHASES
-from test_train_ddp import Collector
-from workers.integration_worker import FLOPS_PER_TOKEN, TOKENS, launch
+from tests.support import Exporter, parse_samples, start_exporter, wait_for
+from tests.test_train_ddp import Collector
+from tests.workers.integration_worker import FLOPS_PER_TOKEN, TOKENS, launch
 
 STEPS, WARMUP = 12, 3
 MEASURED = STEPS - WARMUP

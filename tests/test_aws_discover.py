@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from conftest import promtool
 from stepscope.aws.discover import instance_filters, target_groups
+from tests.support import promtool
 
 CREDS = {
     "AWS_ACCESS_KEY_ID": "testing",

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from conftest import parse_samples, start_exporter, wait_for
 from stepscope.aws.metrics import node_families
 from stepscope.aws.topology import NodeTopology, read_node_topology
 from stepscope.core.exposition import render
 from stepscope.core.labels import LabelSchemaBuilder
+from tests.support import parse_samples, start_exporter, wait_for
 
 TOKEN = "AQAEAtoken=="
 IDENTITY = {

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import parse_samples, start_exporter, wait_for
-from test_aws_imds import FULL, FakeImds, _env, _serve
+from tests.support import parse_samples, start_exporter, wait_for
+from tests.test_aws_imds import FULL, FakeImds, _env, _serve
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
 from stepscope.app.config import SETTINGS, Config, Listen, load
 from stepscope.core.errors import ConfigError
+from tests.support import REPO
 
 
 def test_defaults_match_the_documented_contract() -> None:

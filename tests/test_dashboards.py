@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO
+from tests.support import REPO
 
 DASHBOARDS = REPO / "dashboards"
 PANEL_TYPES = {"timeseries", "table", "heatmap", "stat", "state-timeline", "row"}

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from tests.support import REPO
 
 PCLUSTER = REPO / "deploy" / "parallelcluster"
 SCRIPT = PCLUSTER / "install-stepscope.sh"

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO, promtool, wait_for
-from test_aws_discover import CREDS, _client_creds, _moto
-from test_prometheus_e2e import free_port, prometheus_binary
+from tests.support import REPO, promtool, wait_for
+from tests.test_aws_discover import CREDS, _client_creds, _moto
+from tests.test_prometheus_e2e import free_port, prometheus_binary
 
 PROM = REPO / "deploy" / "prometheus"
 

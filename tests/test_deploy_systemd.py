@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
 
 UNIT = REPO / "systemd" / "stepscope.service"
 PCLUSTER = REPO / "deploy" / "parallelcluster"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, wait_for
 from stepscope.app.cli import main
 from stepscope.diagnose.cli import analyse_fleet, render_fleet
+from tests.support import REPO, wait_for
 
 NCCL = REPO / "tests" / "fixtures" / "nccl"
 

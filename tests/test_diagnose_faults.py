@@ -13,7 +13,6 @@ from typing import Any
 
 import yaml
 
-from conftest import REPO
 from stepscope.core.snapshot import Published
 from stepscope.diagnose.api import diagnosis_document
 from stepscope.diagnose.cli import render_local
@@ -21,7 +20,8 @@ from stepscope.diagnose.faults import CRITICAL_XIDS
 from stepscope.diagnose.model import Diagnosis
 from stepscope.diagnose.page import render_status_page
 from stepscope.gpu.scenario import shipped_scenarios
-from test_diagnose_rules import Node, by_gpu, by_rank
+from tests.support import REPO
+from tests.test_diagnose_rules import Node, by_gpu, by_rank
 
 
 def faults() -> dict[str, Any]:

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO, wait_for
-from fleet_harness import JOB, fleet, fleet_report
+from tests.fleet_harness import JOB, fleet, fleet_report
+from tests.support import REPO, wait_for
 
 
 def test_the_fleet_view_names_the_slow_node_rank_job_and_cause_on_one_screen(

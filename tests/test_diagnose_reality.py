@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, Exporter, start_exporter
+from tests.support import REPO, Exporter, start_exporter
 
 pytest.importorskip("torch")
 

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from conftest import make_sampler, parse_samples
 from stepscope.core.source import ReadContext, Source
 from stepscope.diagnose.analysis import DIAGNOSIS, DiagnosisAnalysis
 from stepscope.diagnose.api import diagnosis_document
@@ -23,6 +22,7 @@ from stepscope.ingest.aggregate import Aggregator
 from stepscope.ingest.source import IngestSource
 from stepscope.net.rdma import RDMA_PART, RdmaPort
 from stepscope.shared.datagram import StepRecord
+from tests.support import make_sampler, parse_samples
 
 PID = 4242
 

@@ -19,7 +19,6 @@ from typing import Any
 
 import pytest
 
-from conftest import make_sampler
 from stepscope.core.labels import LabelSchema
 from stepscope.core.snapshot import Snapshot
 from stepscope.core.source import ReadContext, Source
@@ -47,6 +46,7 @@ from stepscope.ingest.aggregate import (
 )
 from stepscope.ingest.source import IngestSource
 from stepscope.shared.datagram import PHASES, Phases, StepRecord
+from tests.support import make_sampler
 
 GPUS = 4
 SCENARIO: dict[str, Any] = {

@@ -18,7 +18,7 @@ from pathlib import Path
 import dockerfile
 import pytest
 
-from conftest import REPO, parse_samples
+from tests.support import REPO, parse_samples
 
 Instruction = dockerfile.Command
 

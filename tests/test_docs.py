@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 from urllib.parse import unquote
 
-from conftest import REPO
+from tests.support import REPO
 
 # The team's own notes live in a folder beside the repository, never in it: the product
 # may not name them or link there (what they teach belongs in docs/, in our own words).

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import parse_samples, wait_for
 from stepscope.app.cli import DriverLoadedLate, build_backend_waiting
 from stepscope.app.config import Config
 from stepscope.gpu.model import GpuBackend, NoDriverError
+from tests.support import parse_samples, wait_for
 
 
 class FakeClock:

@@ -16,13 +16,13 @@ from typing import Any
 import pynvml
 import pytest
 
-from conftest import make_sampler, parse_samples
 from stepscope.core.exposition import COUNTER, GAUGE
 from stepscope.gpu.fields import DEFAULT_COUNTERS, DRIVER_VERSION_LABEL, FIELDS, FIELDS_BY_KEY
 from stepscope.gpu.model import GpuUnavailable, Tier
 from stepscope.gpu.nvml import NvmlBackend
 from stepscope.gpu.simulated import SimulatedBackend, default_scenario
-from test_nvml_backend import (  # the fake NVML, and its fixture running both paths
+from tests.support import make_sampler, parse_samples
+from tests.test_nvml_backend import (  # the fake NVML, and its fixture running both paths
     FakeClock,
     FakeGpu,
     FakeNvml,

@@ -21,7 +21,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import REPO, promtool
+from tests.support import REPO, promtool
 
 CHART = REPO / "helm" / "stepscope"
 RULES = REPO / "deploy" / "prometheus" / "rules"

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO
-from test_helm import (
+from tests.support import REPO
+from tests.test_helm import (
     CHART,
     CI_VALUES,
     DASHBOARDS,

@@ -9,12 +9,12 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import REPO, parse_samples
 from stepscope.core.exposition import render
 from stepscope.host.model import Pressure, parse_pressure
 from stepscope.host.source import HostSource, ProcessParents
 from stepscope.net.metrics import rdma_families
 from stepscope.net.rdma import read_rdma_ports
+from tests.support import REPO, parse_samples
 
 SYSFS = REPO / "tests" / "fixtures" / "sysfs" / "class" / "infiniband"
 

@@ -6,8 +6,8 @@ import os
 import threading
 from pathlib import Path
 
-from conftest import parse_samples, start_exporter, wait_for
 from stepscope.attribution.hpc_jobs import read_hpc_jobs
+from tests.support import parse_samples, start_exporter, wait_for
 
 
 def test_mapping_files_are_read_as_the_prolog_writes_them(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Exporter, parse_samples, start_exporter, wait_for
+from tests.support import Exporter, parse_samples, start_exporter, wait_for
 
 
 @pytest.fixture

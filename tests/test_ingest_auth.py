@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from conftest import Exporter, start_exporter, wait_for
-from test_ingest_serve import Samples, scrape, step, value
+from tests.support import Exporter, start_exporter, wait_for
+from tests.test_ingest_serve import Samples, scrape, step, value
 
 NOBODY = 65534  # uid and gid (nobody / nogroup)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO, Exporter, parse_samples, start_exporter, wait_for
+from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
 
 H100_BF16 = 989.4e12
 Samples = dict[str, list[tuple[dict[str, str], float]]]

@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 
-from conftest import Exporter, parse_samples, start_exporter
 from stepscope.core.exposition import render
 from stepscope.ingest.aggregate import Aggregator, TrainingView
 from stepscope.ingest.listener import (
@@ -37,7 +36,8 @@ from stepscope.ingest.listener import (
     pause,
 )
 from stepscope.ingest.metrics import ingest_families
-from test_ingest_serve import step, value
+from tests.support import Exporter, parse_samples, start_exporter
+from tests.test_ingest_serve import step, value
 
 NOBODY = 65534
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
 from stepscope.app.config import load
 from stepscope.core.errors import ConfigError
 from stepscope.shared.datagram import IngestURLError, parse_ingest_url
 from stepscope.train import StepReporter
+from tests.support import REPO
 
 GOOD = [
     ("unix:///run/stepscope/ingest.sock", socket.AF_UNIX, "/run/stepscope/ingest.sock"),

@@ -14,7 +14,14 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from integration_runs import assert_same_series, datagrams, exporter, received, run_ranks, served
+from tests.integration_runs import (
+    assert_same_series,
+    datagrams,
+    exporter,
+    received,
+    run_ranks,
+    served,
+)
 
 
 def test_trainer_and_accelerate_serve_the_plain_loops_series(tmp_path: Path) -> None:
@@ -69,7 +76,7 @@ def test_a_failing_token_count_is_counted_and_training_goes_on(tmp_path: Path) -
     from transformers import Trainer, TrainingArguments
 
     from stepscope.train.hf import StepscopeCallback
-    from workers.integration_worker import TinyLM, make_collate, samples
+    from tests.workers.integration_worker import TinyLM, make_collate, samples
 
     def broken(batch: Any) -> int:
         raise RuntimeError("a tokens_fn that breaks")
@@ -94,7 +101,7 @@ def test_accelerate_with_gradient_accumulation_reports_one_step_per_optimizer_st
     from accelerate.state import AcceleratorState
 
     from stepscope.train.accelerate import AcceleratorReporter
-    from workers.integration_worker import BATCH, TOKENS, TinyLM, make_collate, samples
+    from tests.workers.integration_worker import BATCH, TOKENS, TinyLM, make_collate, samples
 
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
     try:

@@ -10,7 +10,14 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("lightning")
 
-from integration_runs import assert_same_series, datagrams, exporter, received, run_ranks, served
+from tests.integration_runs import (
+    assert_same_series,
+    datagrams,
+    exporter,
+    received,
+    run_ranks,
+    served,
+)
 
 
 def test_lightning_ddp_serves_the_plain_loops_series(tmp_path: Path) -> None:
@@ -29,7 +36,7 @@ def test_accumulated_micro_batches_make_one_step_and_the_users_profiler_still_pr
     import torch
 
     from stepscope.train.lightning import StepscopeCallback
-    from workers.integration_worker import BATCH, TOKENS, TinyLM, make_collate, samples
+    from tests.workers.integration_worker import BATCH, TOKENS, TinyLM, make_collate, samples
 
     class Module(pl.LightningModule):
         flops_per_batch = 1000.0
@@ -72,7 +79,7 @@ def test_a_failing_token_count_is_counted_and_lightning_trains_on() -> None:
     import torch
 
     from stepscope.train.lightning import StepscopeCallback
-    from workers.integration_worker import BATCH, TinyLM, make_collate, samples
+    from tests.workers.integration_worker import BATCH, TinyLM, make_collate, samples
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:

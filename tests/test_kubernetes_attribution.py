@@ -25,7 +25,6 @@ from typing import Any
 import grpc
 import pytest
 
-from conftest import REPO, Exporter, parse_samples, start_exporter, wait_for
 from stepscope.attribution.kubernetes import (
     DeviceAllocation,
     KubeletUnavailable,
@@ -38,6 +37,7 @@ from stepscope.attribution.kubernetes import (
 from stepscope.attribution.podresources import api_pb2, api_pb2_grpc
 from stepscope.core.labels import GpuIdentity
 from stepscope.core.source import ReadContext
+from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
 
 # The device plugin's whole-GPU ids are GPU UUIDs.
 UUID_A = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -457,8 +457,8 @@ def test_the_workloads_pod_labels_reach_prometheus_under_the_charts_scrape_confi
     false, as shipped, a GPU series' pod label of the workload then becomes exported_pod
     and every "which pod is on this GPU" query finds nothing. The chart's scrape drops
     those target labels; without that step the labels are renamed, as here."""
-    from test_helm import one, rendered_objects
-    from test_prometheus_e2e import Prometheus
+    from tests.test_helm import one, rendered_objects
+    from tests.test_prometheus_e2e import Prometheus
 
     objs = rendered_objects({"podResources": {"enabled": attribution}, "cluster": "c1"})
     (endpoint,) = one(objs, "ServiceMonitor")["spec"]["endpoints"]

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_sampler
 from stepscope.attribution.hpc_jobs import HpcJobSource
 from stepscope.core.labels import HOST_LABELS
 from stepscope.core.sampler import SamplerSettings
@@ -21,6 +20,7 @@ from stepscope.ingest.aggregate import Aggregator
 from stepscope.ingest.source import IngestSource
 from stepscope.net.source import RdmaSource
 from stepscope.shared.datagram import StepRecord
+from tests.support import make_sampler
 
 # name="value" pairs inside {...}, escapes included
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
 
 PACKAGE = REPO / "exporter" / "stepscope"
 SOURCES = ("gpu", "ingest", "host", "net", "aws", "attribution")
@@ -73,9 +73,8 @@ def imports(path: Path, known: set[str] | None = None) -> set[str]:
                         found.add(_resolve(node.module, alias.name, known))
         elif isinstance(node, ast.Call) and _is_dynamic_import(node.func):
             arg = node.args[0] if node.args else None
-            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-                if arg.value.startswith("stepscope"):
-                    found.add(arg.value)
+            if isinstance(arg, ast.Constant) and str(arg.value).startswith("stepscope"):
+                found.add(str(arg.value))
     return found
 
 

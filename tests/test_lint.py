@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from tests.support import REPO
 
 
 @pytest.mark.parametrize(

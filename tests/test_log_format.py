@@ -8,8 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
-from conftest import start_exporter
 from stepscope.app.logformat import JsonFormatter
+from tests.support import start_exporter
 
 
 def test_the_exporter_logs_one_json_object_per_line(tmp_path: Path) -> None:

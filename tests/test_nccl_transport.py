@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, parse_samples, promtool, start_exporter, wait_for
 from stepscope.ingest.aggregate import Aggregator
 from stepscope.shared.datagram import (
     NCCL_TRANSPORTS,
@@ -28,6 +27,7 @@ from stepscope.shared.datagram import (
 )
 from stepscope.shared.nccl_log import parse_nccl_log, process_transport
 from stepscope.train import _nccl
+from tests.support import REPO, parse_samples, promtool, start_exporter, wait_for
 
 FIXTURES = REPO / "tests" / "fixtures" / "nccl"
 SOCKET_LOG = FIXTURES / "rank-socket.nccl.log"
@@ -288,7 +288,7 @@ def test_a_socket_run_is_served_per_rank_and_fires_the_shipped_alert(tmp_path: P
 
 def test_a_reported_transport_is_the_diagnosis_direct_tcp_signal() -> None:
     from stepscope.net.rdma import RdmaPort
-    from test_diagnose_rules import PID, Node, by_rank
+    from tests.test_diagnose_rules import PID, Node, by_rank
 
     def verdict(transport: str | None, rdma_bytes: float) -> tuple[str, tuple[str, ...]]:
         node = Node({"gpus": 1})

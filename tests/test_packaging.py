@@ -17,7 +17,7 @@ import tomllib
 from packaging.metadata import Metadata
 from packaging.requirements import Requirement
 
-from conftest import REPO
+from tests.support import REPO
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import pytest
 
-from conftest import parse_samples
 from stepscope.core.exposition import render
 from stepscope.core.labels import LabelSchema, LabelSchemaBuilder
 from stepscope.gpu.model import GpuInfo
@@ -14,6 +13,7 @@ from stepscope.ingest.aggregate import RankView, TrainingSettings, TrainingView
 from stepscope.ingest.metrics import training_families
 from stepscope.ingest.mfu import MFU_STATUSES, rank_mfu
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS, PeakTable
+from tests.support import parse_samples
 
 peak_flops_for = DATASHEET_PEAKS.lookup
 

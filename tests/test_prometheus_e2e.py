@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO, Exporter, parse_samples, start_exporter, wait_for
+from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
 
 # host label -> (rules, dashboards): both sets, generated from one source, are run
 SETS = {

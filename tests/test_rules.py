@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from conftest import REPO, promtool
 from stepscope.diagnose.faults import CRITICAL_XIDS
+from tests.support import REPO, promtool
 
 RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
 TESTS_DIR = REPO / "deploy" / "prometheus" / "rules-tests"

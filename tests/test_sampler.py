@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from conftest import make_sampler, parse_samples, wait_for
 from stepscope.core.sampler import Sampler
 from stepscope.core.snapshot import Snapshot
 from stepscope.gpu.model import (
@@ -20,6 +19,7 @@ from stepscope.gpu.model import (
     XidEvent,
 )
 from stepscope.gpu.simulated import SimulatedBackend, default_scenario
+from tests.support import make_sampler, parse_samples, wait_for
 
 
 class ScriptedBackend:

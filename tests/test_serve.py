@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPO, parse_samples, promtool, start_exporter, wait_for
 from stepscope.gpu.fields import FIELDS
+from tests.support import REPO, parse_samples, promtool, start_exporter, wait_for
 
 # What promtool may say about our output: only what dcgm-exporter's names impose.
 ALLOWED_LINT = (

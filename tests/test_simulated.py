@@ -7,7 +7,6 @@ from collections.abc import Mapping
 
 import pytest
 
-from conftest import make_sampler
 from stepscope.gpu.fields import (
     CLOCK_EVENT_DURATION_KEYS,
     COUNTER,
@@ -22,6 +21,7 @@ from stepscope.gpu.simulated import (
     load_scenario,
     parse_scenario,
 )
+from tests.support import make_sampler
 
 FAST = frozenset({Tier.FAST})
 SLOW = frozenset({Tier.SLOW})

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from conftest import make_sampler, parse_samples
 from stepscope.app.serve import PAGES
 from stepscope.core.exposition import GAUGE, Family
 from stepscope.core.labels import GpuIdentity, LabelSchema, Pairs
@@ -25,6 +24,7 @@ from stepscope.core.source import PartKey, ReadContext, Source, Tier
 from stepscope.core.web import make_app
 from stepscope.diagnose.analysis import DiagnosisAnalysis
 from stepscope.gpu.simulated import SimulatedBackend, default_scenario
+from tests.support import make_sampler, parse_samples
 
 
 class Clock:

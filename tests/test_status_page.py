@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from conftest import wait_for
+from tests.support import wait_for
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

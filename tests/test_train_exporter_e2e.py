@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, parse_samples, start_exporter, wait_for
+from tests.support import REPO, parse_samples, start_exporter, wait_for
 
 pytest.importorskip("torch")
 

@@ -29,7 +29,6 @@ import bcrypt
 import pytest
 from aiohttp import web
 
-from conftest import REPO, start_exporter, wait_for
 from stepscope.core.errors import ConfigError
 from stepscope.webconfig import (
     ALLOWED_HEADERS,
@@ -40,6 +39,7 @@ from stepscope.webconfig import (
     load_web_config,
     parse_web_config,
 )
+from tests.support import REPO, start_exporter, wait_for
 
 # --- certificates -------------------------------------------------------------------
 

@@ -1,0 +1,1 @@
+"""stepscope's tests; shared helpers are in tests.support."""

@@ -1,0 +1,103 @@
+"""A real ``stepscope serve`` process on a free loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass
+class Exporter:
+    """A `stepscope serve` subprocess on a free loopback port."""
+
+    proc: subprocess.Popen[str]
+    address: str
+    stderr_lines: list[str]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def get(
+        self, path: str, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        req = urllib.request.Request(self.url + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), err.read()
+
+    def metrics(self) -> str:
+        status, _, body = self.get("/metrics")
+        assert status == 200, body
+        return body.decode()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=15)
+
+
+# Every exporter process the tests started: one a test forgot to stop (a failed assertion
+# before its finally) is killed when the run ends, so none outlives it. (Per session, not
+# per test: module fixtures share an exporter between tests.)
+STARTED: list[subprocess.Popen[str]] = []
+
+
+def start_exporter(
+    args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 30.0
+) -> Exporter:
+    """Start the exporter and wait (with a deadline) until it says where it serves."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    full_env.pop("STEPSCOPE_CONFIG", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepscope", "serve", "--listen", "127.0.0.1:0", *args],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=full_env,
+    )
+    STARTED.append(proc)
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    assert proc.stderr is not None
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if " on http" in line and "/metrics" in line:
+            address = line.rsplit("://", 1)[1].split("/metrics")[0]
+            exporter = Exporter(proc, address, lines)
+            _drain(proc, lines)
+            return exporter
+    proc.kill()
+    raise AssertionError("exporter did not start:\n" + "".join(lines))
+
+
+def _drain(proc: subprocess.Popen[str], lines: list[str]) -> None:
+    """Keep reading stderr in the background so the pipe never fills."""
+    def run() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+def stop_all() -> None:
+    """Kill every exporter process still running (the session's end)."""
+    while STARTED:
+        proc = STARTED.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
