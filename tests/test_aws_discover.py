@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 
 from stepscope.aws.discover import instance_filters, target_groups
 from tests.support import promtool
+from tests.support.ports import free_port
 
 CREDS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -28,17 +28,10 @@ CREDS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _moto(extra_env: dict[str, str] | None = None) -> Iterator[str]:
     exe = shutil.which("moto_server")
     assert exe, "moto[server] is installed with the test extra"
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [exe, "-H", "127.0.0.1", "-p", str(port)],
         stdout=subprocess.DEVNULL,

@@ -23,16 +23,9 @@ from stepscope.ingest.source import IngestSource
 from stepscope.net.rdma import RDMA_PART, RdmaPort
 from stepscope.shared.datagram import StepRecord
 from tests.support import make_sampler, parse_samples
+from tests.support.clocks import ManualClock
 
 PID = 4242
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class FakeHost(Source[HostReading]):
@@ -65,7 +58,7 @@ class Node:
     """A simulated node: GPUs from a scenario, ranks stepping as the test says."""
 
     def __init__(self, scenario: dict[str, Any], window: float = 20.0) -> None:
-        self.clock = Clock()
+        self.clock = ManualClock()
         self.backend = SimulatedBackend(parse_scenario(scenario), hostname="n", clock=self.clock)
         self.uuids = [d.uuid for d in self.backend.devices()]
         self.agg = Aggregator(clock=self.clock)

@@ -47,6 +47,7 @@ from stepscope.ingest.aggregate import (
 from stepscope.ingest.source import IngestSource
 from stepscope.shared.datagram import PHASES, Phases, StepRecord
 from tests.support import make_sampler
+from tests.support.clocks import ManualClock
 
 GPUS = 4
 SCENARIO: dict[str, Any] = {
@@ -60,14 +61,6 @@ SCENARIO: dict[str, Any] = {
     ],
 }
 RANK_EXPIRY = 6.0  # seconds of silence before the ingest forgets a rank
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 @dataclass
@@ -234,7 +227,7 @@ def check_rank(v: Verdict, window: list[Snapshot]) -> None:
 def test_incremental_window_gives_the_verdicts_of_a_window_computed_from_scratch(
     seed: int, window: float
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     backend = SimulatedBackend(parse_scenario(SCENARIO), hostname="n", clock=clock)
     jobs = Jobs(random.Random(seed), [d.uuid for d in backend.devices()])
     agg = Aggregator(TrainingSettings(rank_expiry=RANK_EXPIRY), clock=clock)
@@ -285,7 +278,7 @@ def test_incremental_window_gives_the_verdicts_of_a_window_computed_from_scratch
 
 def test_a_window_keeps_nothing_of_subjects_gone_from_it() -> None:
     """Memory stays bounded: ranks, GPUs and pids that left the window leave the index."""
-    clock = Clock()
+    clock = ManualClock()
     backend = SimulatedBackend(parse_scenario(SCENARIO), hostname="n", clock=clock)
     jobs = Jobs(random.Random(7), [d.uuid for d in backend.devices()])
     agg = Aggregator(TrainingSettings(rank_expiry=RANK_EXPIRY), clock=clock)
@@ -372,7 +365,7 @@ def test_many_ranks_make_verdicts_when_read_and_at_least_every_few_seconds(ranks
     verdicts (at most REUSE_SECONDS old, rendered with the pass they were made for)
     while the window still sees it, so a pass a scraper reads gets the verdicts a
     diagnosis made every pass gives; at or below it, every pass makes its own."""
-    clock = Clock()
+    clock = ManualClock()
     agg = Aggregator(TrainingSettings(rank_expiry=600.0), clock=clock)
     backend = SimulatedBackend(parse_scenario({"gpus": GPUS}), hostname="n", clock=clock)
     uuids = [d.uuid for d in backend.devices()]

@@ -19,25 +19,13 @@ from stepscope.app.cli import DriverLoadedLate, build_backend_waiting
 from stepscope.app.config import Config
 from stepscope.gpu.model import GpuBackend, NoDriverError
 from tests.support import parse_samples, wait_for
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
+from tests.support.clocks import ManualClock
 
 
 class DriverAfter:
     """build_backend stand-in: no driver until the clock reaches ``at`` seconds."""
 
-    def __init__(self, clock: FakeClock, at: float) -> None:
+    def __init__(self, clock: ManualClock, at: float) -> None:
         self.clock = clock
         self.at = at
         self.calls = 0
@@ -50,7 +38,7 @@ class DriverAfter:
 
 
 def test_without_waiting_no_driver_is_an_error_at_the_first_try() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     build = DriverAfter(clock, at=1e9)
     with pytest.raises(NoDriverError):
         build_backend_waiting(Config(), build, clock=clock, sleep=clock.sleep)
@@ -60,7 +48,7 @@ def test_without_waiting_no_driver_is_an_error_at_the_first_try() -> None:
 def test_a_driver_that_loads_during_the_wait_is_picked_up_and_the_wait_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     build = DriverAfter(clock, at=40)
     with caplog.at_level("DEBUG", logger="stepscope"):
         backend = build_backend_waiting(
@@ -78,7 +66,7 @@ def test_a_driver_that_loads_during_the_wait_is_picked_up_and_the_wait_logged_on
 
 
 def test_the_wait_ends_at_its_deadline_with_no_driver_error() -> None:
-    clock = FakeClock()
+    clock = ManualClock()
     build = DriverAfter(clock, at=1e9)
     with pytest.raises(NoDriverError):
         build_backend_waiting(
@@ -92,7 +80,7 @@ def test_the_wait_ends_at_its_deadline_with_no_driver_error() -> None:
 def test_a_kernel_driver_loaded_after_start_while_nvml_still_fails_asks_for_a_restart() -> None:
     # systemd resolves DeviceAllow=char-nvidia* at unit start: a module loaded later is
     # not in the allow-list, NVML keeps failing, and only a restart helps.
-    clock = FakeClock()
+    clock = ManualClock()
     build = DriverAfter(clock, at=1e9)
     loaded = iter([False, False, True])
     with pytest.raises(DriverLoadedLate):

@@ -10,14 +10,7 @@ import pytest
 
 from stepscope.ingest.aggregate import STEP_BUCKETS, Aggregator, Sender, TrainingSettings
 from stepscope.shared.datagram import Limits, StepRecord
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 5000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.clocks import ManualClock
 
 
 def record(**changes: Any) -> StepRecord:
@@ -30,8 +23,8 @@ def record(**changes: Any) -> StepRecord:
     return StepRecord(**fields)
 
 
-def make(**settings: Any) -> tuple[Aggregator, FakeClock]:
-    clock = FakeClock()
+def make(**settings: Any) -> tuple[Aggregator, ManualClock]:
+    clock = ManualClock(5000.0)
     return Aggregator(TrainingSettings(**settings), clock=clock), clock
 
 

@@ -21,21 +21,14 @@ from stepscope.ingest.source import IngestSource
 from stepscope.net.source import RdmaSource
 from stepscope.shared.datagram import StepRecord
 from tests.support import make_sampler
+from tests.support.clocks import ManualClock
 
 # name="value" pairs inside {...}, escapes included
 _PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 50.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def exposition(host_label: str, tmp_path: Path) -> str:
-    clock = Clock()
+    clock = ManualClock(50.0)
     backend = SimulatedBackend(default_scenario(8), hostname="node-7", clock=clock)
     uuids = [d.uuid for d in backend.devices()]
     (tmp_path / "3").write_text("4242\n")

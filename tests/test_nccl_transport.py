@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +27,8 @@ from stepscope.shared.datagram import (
 from stepscope.shared.nccl_log import parse_nccl_log, process_transport
 from stepscope.train import _nccl
 from tests.support import REPO, parse_samples, promtool, start_exporter, wait_for
+from tests.support.clocks import ManualClock
+from tests.support.ports import free_port
 
 FIXTURES = REPO / "tests" / "fixtures" / "nccl"
 SOCKET_LOG = FIXTURES / "rank-socket.nccl.log"
@@ -115,17 +116,9 @@ def test_a_users_own_nccl_debug_is_never_changed(
     assert "NCCL_DEBUG=WARN logs no network choice" in said
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_the_watcher_follows_the_file_as_nccl_writes_it(tmp_path: Path) -> None:
     path = tmp_path / "nccl.log"
-    clock = Clock()
+    clock = ManualClock()
     w = _nccl.TransportWatcher(str(path), 41822, interval=1.0, clock=clock)
     assert w.poll() is None  # NCCL has not started: no file yet
     text = SOCKET_LOG.read_text()
@@ -145,12 +138,12 @@ def test_the_watcher_reads_a_bounded_amount_and_never_blocks_on_a_fifo(tmp_path:
     path = tmp_path / "big.log"
     noise = "trn-node-7:41822:41868 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/IPC\n"
     path.write_text(noise * 2000 + SOCKET_LOG.read_text())
-    w = _nccl.TransportWatcher(str(path), 41822, max_bytes=64 * 1024, clock=Clock())
+    w = _nccl.TransportWatcher(str(path), 41822, max_bytes=64 * 1024, clock=ManualClock())
     assert w.poll() is None and w.done  # the network line is past the bound: not read
     assert w._offset == 64 * 1024
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)  # no writer: an open without O_NONBLOCK would hang here
-    w = _nccl.TransportWatcher(str(fifo), 1, clock=Clock())
+    w = _nccl.TransportWatcher(str(fifo), 1, clock=ManualClock())
     assert w.poll() is None and w.done
 
 
@@ -196,12 +189,6 @@ def test_a_rank_keeps_one_transport_series_its_latest() -> None:
 
 
 # ------------------------------------------------------- end to end, for real
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_rank(ingest: str, job: str, replay: Path) -> str:

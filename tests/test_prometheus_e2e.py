@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
+from tests.support.ports import free_port
 
 # host label -> (rules, dashboards): both sets, generated from one source, are run
 SETS = {
@@ -70,13 +71,6 @@ def prometheus_binary() -> str:
             pytest.fail("prometheus is required (STEPSCOPE_REQUIRE_PROMTOOL is set)")
         pytest.skip("prometheus not installed (Debian package prometheus)")
     return path
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def shortened_rules(dest: Path, rules_dir: Path) -> list[Path]:

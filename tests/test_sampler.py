@@ -20,6 +20,7 @@ from stepscope.gpu.model import (
 )
 from stepscope.gpu.simulated import SimulatedBackend, default_scenario
 from tests.support import make_sampler, parse_samples, wait_for
+from tests.support.clocks import ManualClock
 
 
 class ScriptedBackend:
@@ -59,21 +60,13 @@ class ScriptedBackend:
         self.closed = True
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def families(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return parse_samples(text)
 
 
-def make(n: int = 4) -> tuple[ScriptedBackend, Sampler, FakeClock]:
+def make(n: int = 4) -> tuple[ScriptedBackend, Sampler, ManualClock]:
     backend = ScriptedBackend(n)
-    clock = FakeClock()
+    clock = ManualClock(1000.0)
     sampler = make_sampler(backend, clock=clock, wall_clock=lambda: 1.7e9)
     return backend, sampler, clock
 

@@ -25,15 +25,7 @@ from stepscope.core.web import make_app
 from stepscope.diagnose.analysis import DiagnosisAnalysis
 from stepscope.gpu.simulated import SimulatedBackend, default_scenario
 from tests.support import make_sampler, parse_samples
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
+from tests.support.clocks import ManualClock
 
 # ------------------------------------------------------------------ a toy source
 
@@ -77,8 +69,8 @@ class FanSource(Source[Fans]):
         return (f"fans spin at {min(part.rpm.values()):.0f} rpm or more",)
 
 
-def node(*extra: Source[object], clock: Clock | None = None) -> tuple[object, Clock]:
-    clock = clock or Clock()
+def node(*extra: Source[object], clock: ManualClock | None = None) -> tuple[object, ManualClock]:
+    clock = clock or ManualClock(100.0)
     backend = SimulatedBackend(default_scenario(2), hostname="n", clock=clock)
     sampler = make_sampler(
         backend, clock=clock, sources=extra, analyses=[DiagnosisAnalysis()], hostname="n"

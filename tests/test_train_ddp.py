@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.ports import free_port
+
 NORMAL = 6
 DELAYED = 4
 DELAY = 0.3  # seconds rank 1 sleeps before each backward in the delayed phase
@@ -100,12 +102,6 @@ def worker(result_path: str) -> None:  # pragma: no cover - runs in the rank pro
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Collector:
     """Reads datagrams from a Unix socket on a thread until told to stop."""
 
@@ -138,7 +134,7 @@ def run() -> Iterator[dict[str, Any]]:
     tmp = tempfile.mkdtemp(prefix="ss-ddp-")
     collector = Collector(os.path.join(tmp, "ingest.sock"))
     repo = Path(__file__).resolve().parents[1]
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = {

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO, parse_samples, start_exporter, wait_for
+from tests.support.ports import free_port
 
 pytest.importorskip("torch")
 
 STEPS, TOKENS, FPT = 24, 64, 1.5e6
 PEAK = 1e12  # configured peak for the simulated model; CPU-sized so MFU stays below 1
 MODEL = "NVIDIA H100 80GB HBM3"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def run_job(ingest: str, uuids: dict[str, str], job: str, delay: float,
