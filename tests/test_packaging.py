@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -44,28 +46,50 @@ def _source_tree(dest: Path) -> Path:
     return dest
 
 
+# The last setuptools before PEP 639 metadata: it must refuse the project table.
+PRE_PEP639_SETUPTOOLS = "76.1.0"
+
+
 @pytest.fixture(scope="module")
-def floor_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("floor")
+def build_with(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Build]:
+    """Build the wheel in a fresh venv with exactly the setuptools version given."""
+    root = tmp_path_factory.mktemp("build")
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
-    floor = _setuptools_floor()
-    got = subprocess.run(
-        [*pip, "install", "-q", f"setuptools=={floor}"], capture_output=True, text=True
-    )
-    if got.returncode != 0:
-        if os.environ.get("CI"):
-            pytest.fail(f"cannot install setuptools=={floor}: {got.stderr[-2000:]}")
-        pytest.skip(f"setuptools=={floor} cannot be installed here (no package index)")
     src = _source_tree(root / "src")
-    out = root / "dist"
-    build = subprocess.run(
-        [*pip, "wheel", "-q", "--no-build-isolation", "--no-deps", str(src), "-w", str(out)],
-        capture_output=True, text=True,
-    )
-    assert build.returncode == 0, build.stdout + build.stderr
-    (wheel,) = out.glob("stepscope-*.whl")
+
+    def build(version: str) -> Build:
+        got = subprocess.run(
+            [*pip, "install", "-q", f"setuptools=={version}"], capture_output=True, text=True
+        )
+        if got.returncode != 0:
+            if os.environ.get("CI"):
+                pytest.fail(f"cannot install setuptools=={version}: {got.stderr[-2000:]}")
+            pytest.skip(f"setuptools=={version} cannot be installed here (no package index)")
+        out = root / f"dist-{version}"
+        done = subprocess.run(
+            [*pip, "wheel", "-q", "--no-build-isolation", "--no-deps", str(src), "-w", str(out)],
+            capture_output=True, text=True,
+        )
+        return Build(done.returncode, done.stdout + done.stderr, sorted(out.glob("*.whl")))
+
+    return build
+
+
+@dataclass(frozen=True)
+class Build:
+    returncode: int
+    output: str
+    wheels: list[Path]
+
+
+@pytest.fixture(scope="module")
+def floor_wheel(build_with: Callable[[str], Build]) -> Path:
+    built = build_with(_setuptools_floor())
+    assert built.returncode == 0, built.output
+    (wheel,) = built.wheels
+    assert wheel.name.startswith("stepscope-")
     return wheel
 
 
@@ -97,10 +121,15 @@ def test_metadata_names_the_project_for_an_index(floor_wheel: Path) -> None:
     assert meta.requires_python is not None and str(meta.requires_python) == ">=3.10"
 
 
-def test_an_older_setuptools_than_the_floor_would_have_failed() -> None:
-    # Why the floor is what it is: 68 (the previous floor) rejects the SPDX string.
-    assert tuple(int(x) for x in _setuptools_floor().split(".")[:2]) >= (77, 0)
-    assert isinstance(PYPROJECT["project"]["license"], str)
+def test_an_older_setuptools_than_the_floor_fails_on_the_license_metadata(
+    build_with: Callable[[str], Build], floor_wheel: Path
+) -> None:
+    """Why the floor is what it is: the setuptools before it rejects the SPDX string."""
+    floor = tuple(int(x) for x in _setuptools_floor().split("."))
+    assert tuple(int(x) for x in PRE_PEP639_SETUPTOOLS.split(".")) < floor
+    built = build_with(PRE_PEP639_SETUPTOOLS)
+    assert built.returncode != 0 and not built.wheels
+    assert "license" in built.output.lower(), built.output[-2000:]
 
 
 def test_the_license_file_is_the_apache_2_0_text() -> None:
