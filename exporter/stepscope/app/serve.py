@@ -21,9 +21,7 @@ from stepscope.app.logformat import log_formatter
 from stepscope.app.sources import Sources, build_sources
 from stepscope.core import memory
 from stepscope.core.errors import ConfigError
-from stepscope.core.guard import ConnectionGuard
 from stepscope.core.sampler import Sampler, SamplerSettings
-from stepscope.core.web import Page, make_app
 from stepscope.diagnose.api import diagnosis_json
 from stepscope.diagnose.page import status_page_html
 from stepscope.gpu.model import GpuBackend
@@ -31,7 +29,9 @@ from stepscope.ingest.aggregate import Aggregator, TrainingSettings
 from stepscope.ingest.listener import IngestAccess, IngestListener
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS
 from stepscope.shared.datagram import Limits
-from stepscope.webconfig import load_web_config
+from stepscope.web.app import Page, make_app
+from stepscope.web.config import load_web_config
+from stepscope.web.guard import ConnectionGuard
 
 log = logging.getLogger("stepscope")
 

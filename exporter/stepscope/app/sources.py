@@ -14,7 +14,6 @@ from stepscope.app.config import Config
 from stepscope.attribution.hpc_jobs import HpcJobSource
 from stepscope.attribution.kubernetes import KubernetesSource
 from stepscope.aws.source import NodeTopologySource
-from stepscope.core.guard import ConnectionGuard, HttpSource
 from stepscope.core.registry import Registry
 from stepscope.diagnose.analysis import DiagnosisAnalysis
 from stepscope.gpu.model import GpuBackend
@@ -23,6 +22,7 @@ from stepscope.host.source import HostSource
 from stepscope.ingest.aggregate import Aggregator
 from stepscope.ingest.source import IngestSource
 from stepscope.net.source import RdmaSource
+from stepscope.web.guard import ConnectionGuard, HttpSource
 
 
 @dataclass(frozen=True)

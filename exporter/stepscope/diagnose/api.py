@@ -91,5 +91,5 @@ def diagnosis_document(published: Published | None) -> dict[str, Any]:
 
 
 def diagnosis_json(published: Published | None, readiness: str) -> bytes:
-    """The document as JSON bytes (a :class:`~stepscope.core.web.Page` renderer)."""
+    """The document as JSON bytes (a :class:`~stepscope.web.app.Page` renderer)."""
     return json.dumps(diagnosis_document(published), separators=(",", ":")).encode()

@@ -194,5 +194,5 @@ def render_status_page(published: Published | None, readiness: str) -> str:
 
 
 def status_page_html(published: Published | None, readiness: str) -> bytes:
-    """The page as bytes (a :class:`~stepscope.core.web.Page` renderer)."""
+    """The page as bytes (a :class:`~stepscope.web.app.Page` renderer)."""
     return render_status_page(published, readiness).encode()
