@@ -1,8 +1,5 @@
-#!/usr/bin/env python3
-"""Render the Helm chart into the plain manifests beside this file, for `kubectl apply`.
-
-    python deploy/kubernetes/render.py           # rewrite stepscope.yaml, monitoring.yaml
-    python deploy/kubernetes/render.py --check   # exit 1 if they are out of date
+"""Render the Helm chart into the plain manifests of ``deploy/kubernetes/``, for
+`kubectl apply`, with the values in ``deploy/kubernetes/values.yaml``.
 
 Uses the real Helm engine in-process (PyPI helm-python-sdk). stepscope.yaml holds what
 every cluster needs (Namespace, ServiceAccount, DaemonSet, Service); monitoring.yaml
@@ -11,20 +8,24 @@ the Prometheus Operator objects and Grafana dashboards, for clusters that run it
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-HERE = Path(__file__).resolve().parent
-CHART = HERE.parent.parent / "helm" / "stepscope"
-RELEASE = "stepscope"
-NAMESPACE = "stepscope"
-KUBE_VERSION = "v1.34.0"
-MONITORING_API = "monitoring.coreos.com/v1"
+from generate.constants import (
+    CHART,
+    CHART_DIR,
+    KUBE_VERSION,
+    MANIFESTS_DIR,
+    MONITORING_API,
+    NAMESPACE,
+    RELEASE,
+    REPO,
+)
+from generate.files import sync
+
 _OPERATOR_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 
@@ -33,7 +34,7 @@ def render_chart(
     *,
     chart: Path = CHART,
     api_versions: tuple[str, ...] = (MONITORING_API,),
-    kube_version: str = KUBE_VERSION,
+    kube_version: str = f"v{KUBE_VERSION}",
     name: str = RELEASE,
     namespace: str = NAMESPACE,
 ) -> dict[str, str]:
@@ -74,6 +75,8 @@ def objects(rendered: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def _dump(docs: list[dict[str, Any]], title: str) -> str:
+    # The header names the script that made these files before `python -m generate`
+    # did: kept, so that the manifests stay byte for byte what they were.
     body = "---\n".join(yaml.safe_dump(d, sort_keys=False, width=100) for d in docs)
     return (
         f"# {title}\n"
@@ -83,10 +86,10 @@ def _dump(docs: list[dict[str, Any]], title: str) -> str:
     )
 
 
-def manifests() -> dict[str, str]:
+def manifests(repo: Path = REPO) -> dict[str, str]:
     """File name -> content of the plain manifests."""
-    values = yaml.safe_load((HERE / "values.yaml").read_text()) or {}
-    docs = objects(render_chart(values))
+    values = yaml.safe_load((repo / MANIFESTS_DIR / "values.yaml").read_text()) or {}
+    docs = objects(render_chart(values, chart=repo / CHART_DIR))
     (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
     # The Pod Security level the pod needs (the chart computes it), enforced on the
     # namespace, so a cluster-wide default does not reject the pods at rollout.
@@ -115,23 +118,6 @@ def manifests() -> dict[str, str]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if files are stale")
-    args = parser.parse_args(argv)
-    stale = []
-    for name, text in manifests().items():
-        path = HERE / name
-        if path.exists() and path.read_text() == text:
-            continue
-        stale.append(name)
-        if not args.check:
-            path.write_text(text)
-    if args.check and stale:
-        print(f"out of date: {', '.join(stale)}; run python {Path(__file__).name}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def write(repo: Path = REPO) -> list[str]:
+    """Rewrite the manifests that changed; one line per file written."""
+    return sync(repo, {MANIFESTS_DIR / name: text for name, text in manifests(repo).items()})

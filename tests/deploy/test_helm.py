@@ -5,53 +5,36 @@ in the PrometheusRule checked by promtool."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import kubernetes_validate
 import pytest
 import yaml
 
+from generate import manifests
+from generate.constants import CHART, KUBE_VERSION, MANIFESTS_DIR, MONITORING_API
 from tests.support import REPO, promtool
 
-CHART = REPO / "helm" / "stepscope"
 RULES = REPO / "deploy" / "prometheus" / "rules"
 DASHBOARDS = REPO / "dashboards" / "json"
-KUBE_VERSION = "1.34.0"  # EKS standard support; the schemas of kubernetes-validate
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-
-
-def _load_render() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "stepscope_render", REPO / "deploy" / "kubernetes" / "render.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-render = _load_render()
 
 
 def rendered_objects(
     values: dict[str, Any] | None = None, *, operator: bool = True, chart: Path = CHART
 ) -> list[dict[str, Any]]:
-    apis = (render.MONITORING_API,) if operator else ()
-    out = render.render_chart(
+    apis = (MONITORING_API,) if operator else ()
+    out = manifests.render_chart(
         values, chart=chart, api_versions=apis, kube_version=f"v{KUBE_VERSION}"
     )
-    objs: list[dict[str, Any]] = render.objects(out)
+    objs: list[dict[str, Any]] = manifests.objects(out)
     return objs
 
 
@@ -131,7 +114,7 @@ def test_every_object_passes_kubernetes_validate_strict(values_file: Path | None
 def test_kubernetes_validate_cli_accepts_the_plain_manifests(tmp_path: Path) -> None:
     cli = shutil.which("kubernetes-validate")
     assert cli, "kubernetes-validate is installed with the test extra"
-    files = [str(REPO / "deploy" / "kubernetes" / "stepscope.yaml")]
+    files = [str(REPO / MANIFESTS_DIR / "stepscope.yaml")]
     run = subprocess.run(
         [cli, "--strict", "--quiet", "-k", KUBE_VERSION, *files], capture_output=True, text=True
     )
@@ -337,7 +320,7 @@ def test_prometheus_operator_objects_only_when_the_api_is_there() -> None:
     import helm_python
 
     with helm_python.Chart.load(CHART) as chart:
-        plain = render.objects(chart.render(name="stepscope", namespace="stepscope"))
+        plain = manifests.objects(chart.render(name="stepscope", namespace="stepscope"))
     kinds = {o["kind"] for o in plain}
     assert kinds.isdisjoint({"ServiceMonitor", "PodMonitor", "PrometheusRule"})
     assert {"DaemonSet", "Service"} <= kinds
@@ -423,7 +406,7 @@ def test_prometheus_rule_is_built_from_deploy_prometheus_rules(
         assert not by_kind(default_objects, "PrometheusRule")
         pytest.skip("deploy/prometheus/rules has no rule files yet")
     rule = one(default_objects, "PrometheusRule")
-    assert rule["spec"]["groups"] == _source_groups(), "stale copies: python helm/generate.py"
+    assert rule["spec"]["groups"] == _source_groups(), "stale copies: python -m generate"
     for group in rule["spec"]["groups"]:
         assert group["name"] and group["rules"]
         for r in group["rules"]:
@@ -496,10 +479,10 @@ def test_dashboards_of_the_repository_become_configmaps(
 
 
 def test_plain_manifests_are_up_to_date() -> None:
-    for name, text in render.manifests().items():
-        path = REPO / "deploy" / "kubernetes" / name
+    for name, text in manifests.manifests().items():
+        path = REPO / MANIFESTS_DIR / name
         assert path.exists() and path.read_text() == text, (
-            f"{path.name} is stale: run python deploy/kubernetes/render.py"
+            f"{path.name} is stale: run python -m generate"
         )
 
 

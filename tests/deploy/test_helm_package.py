@@ -5,24 +5,22 @@ Security level and NetworkPolicy an operator needs to know about."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.support import REPO
-from tests.test_helm import (
+from generate import chart_copies, chart_package
+from generate.constants import KUBE_VERSION
+from tests.deploy.test_helm import (
     CHART,
     CI_VALUES,
     DASHBOARDS,
-    KUBE_VERSION,
     RULES,
     _ci,
     _pod,
@@ -30,18 +28,7 @@ from tests.test_helm import (
     one,
     rendered_objects,
 )
-
-
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-generate = _load("stepscope_chart_generate", REPO / "helm" / "generate.py")
+from tests.support import REPO
 
 
 def _rule_groups(directory: Path) -> list[dict[str, Any]]:
@@ -60,7 +47,7 @@ def test_the_chart_holds_no_symbolic_links() -> None:
 
 
 def test_the_chart_copies_of_rules_and_dashboards_equal_their_sources() -> None:
-    assert generate.drift() == [], "run: python helm/generate.py"
+    assert chart_copies.drift() == [], "run: python -m generate"
     assert sorted(p.name for p in (CHART / "rules").iterdir()) == sorted(
         p.name for p in RULES.glob("*.yml")
     )
@@ -77,20 +64,12 @@ def test_generator_check_fails_on_drift_and_a_rerun_repairs_it(tmp_path: Path) -
     (chart / "dashboards" / "stepscope-gone.json").write_text("{}")
     dashboard = next((chart / "dashboards").glob("stepscope-fleet.json"))
     dashboard.unlink()
-    problems = generate.drift(chart)
+    problems = chart_copies.drift(chart)
     assert f"rules/{rule.name}: differs from its source" in problems
     assert "dashboards/stepscope-gone.json: no longer in its source" in problems
     assert "dashboards/stepscope-fleet.json: missing" in problems
-    generate.write(chart)
-    assert generate.drift(chart) == []
-
-
-def test_generator_check_is_the_command_ci_can_run() -> None:
-    run = subprocess.run(
-        [sys.executable, str(REPO / "helm" / "generate.py"), "--check"],
-        capture_output=True, text=True,
-    )
-    assert run.returncode == 0, run.stderr
+    chart_copies.write(chart)
+    assert chart_copies.drift(chart) == []
 
 
 def test_a_copy_with_symbolic_links_dropped_renders_the_same(tmp_path: Path) -> None:
@@ -110,8 +89,8 @@ def test_a_copy_with_symbolic_links_dropped_renders_the_same(tmp_path: Path) -> 
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     run = subprocess.run(
-        [sys.executable, str(REPO / "helm" / "package.py"), "--destination", str(out)],
-        capture_output=True, text=True,
+        [sys.executable, "-m", "generate", "--check", "--package", str(out)],
+        cwd=REPO, capture_output=True, text=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     path = Path(run.stdout.strip().splitlines()[-1])
@@ -157,12 +136,11 @@ def test_the_archive_renders_the_rules_and_dashboards_of_the_repository(
 
 
 def test_packaging_refuses_a_chart_whose_copies_drifted(tmp_path: Path) -> None:
-    package = _load("stepscope_chart_package", REPO / "helm" / "package.py")
     chart = tmp_path / "stepscope"
     shutil.copytree(CHART, chart)
     next((chart / "rules").glob("*.yml")).write_text("groups: []\n")
     with pytest.raises(SystemExit, match="chart copies are stale"):
-        package.package(tmp_path / "dist", chart=chart)
+        chart_package.package(tmp_path / "dist", chart=chart)
     assert not (tmp_path / "dist").exists()
 
 

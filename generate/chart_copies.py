@@ -1,15 +1,11 @@
-#!/usr/bin/env python3
 """Copy the Prometheus rules and Grafana dashboards into the Helm chart as real files.
-
-    python helm/generate.py           # rewrite helm/stepscope/rules/ and dashboards/
-    python helm/generate.py --check   # exit 1 when they differ from their sources
 
 The sources stay where Prometheus and Grafana users load them (deploy/prometheus/rules,
 dashboards/json); the chart carries byte-for-byte copies because a chart is fetched as a
 directory or an archive by tools that drop symbolic links (Flux's source-controller,
 `helm package` of a copied tree), and a chart without its rules renders no
-PrometheusRule and no dashboards, silently. tests/test_helm_package.py fails when a copy
-drifts from its source.
+PrometheusRule and no dashboards, silently. tests/deploy/test_helm_package.py fails when
+a copy drifts from its source; ``python -m generate`` rewrites them after their sources.
 
 Each entry of FILE_SETS is one source directory and one directory in the chart; a
 variant of the rules (another label set, say) is one more entry with its own chart
@@ -18,18 +14,17 @@ directory, read by its own template.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-CHART = REPO / "helm" / "stepscope"
+from generate.constants import CHART, DASHBOARDS_DIR, PROMETHEUS_DIR, REPO
+from generate.files import sync
 
 
 @dataclass(frozen=True)
 class FileSet:
-    """Files matching ``pattern`` in ``source`` are copied to ``chart_dir`` in the chart."""
+    """Files matching ``pattern`` in ``source`` (relative to the checkout) are copied to
+    ``chart_dir`` in the chart."""
 
     source: Path
     pattern: str
@@ -37,21 +32,20 @@ class FileSet:
 
 
 FILE_SETS = (
-    FileSet(REPO / "deploy" / "prometheus" / "rules", "*.yml", "rules"),
-    FileSet(REPO / "dashboards" / "json", "*.json", "dashboards"),
+    FileSet(PROMETHEUS_DIR / "rules", "*.yml", "rules"),
+    FileSet(DASHBOARDS_DIR / "json", "*.json", "dashboards"),
     # the same for dcgm-exporter's newer `hostname` label (values: hostLabel: hostname),
-    # themselves generated from the two above by deploy/prometheus/generate.py and
-    # dashboards/generate.py
-    FileSet(REPO / "deploy" / "prometheus" / "rules-hostname", "*.yml", "rules-hostname"),
-    FileSet(REPO / "dashboards" / "json-hostname", "*.json", "dashboards-hostname"),
+    # themselves generated from the two above by generate.rules and generate.dashboards
+    FileSet(PROMETHEUS_DIR / "rules-hostname", "*.yml", "rules-hostname"),
+    FileSet(DASHBOARDS_DIR / "json-hostname", "*.json", "dashboards-hostname"),
 )
 
 
-def expected(chart: Path = CHART) -> dict[Path, bytes]:
-    """Chart path -> the bytes it must hold."""
+def expected(chart: Path = CHART, sources: Path = REPO) -> dict[Path, bytes]:
+    """Chart path -> the bytes it must hold, copied from the checkout ``sources``."""
     files: dict[Path, bytes] = {}
     for fs in FILE_SETS:
-        for src in sorted(fs.source.glob(fs.pattern)):
+        for src in sorted((sources / fs.source).glob(fs.pattern)):
             files[chart / fs.chart_dir / src.name] = src.read_bytes()
     return files
 
@@ -69,9 +63,9 @@ def present(chart: Path = CHART) -> dict[Path, bytes]:
     return files
 
 
-def drift(chart: Path = CHART) -> list[str]:
+def drift(chart: Path = CHART, sources: Path = REPO) -> list[str]:
     """What differs, one line each; empty when the chart is up to date."""
-    want, have = expected(chart), present(chart)
+    want, have = expected(chart, sources), present(chart)
     problems = []
     for fs in FILE_SETS:
         directory = chart / fs.chart_dir
@@ -90,8 +84,9 @@ def drift(chart: Path = CHART) -> list[str]:
     return problems
 
 
-def write(chart: Path = CHART) -> list[str]:
-    """Make the chart's copies equal to their sources; returns what changed."""
+def write(chart: Path = CHART, sources: Path = REPO) -> list[str]:
+    """Make the chart's copies equal to their sources; returns what changed, one line
+    each, paths relative to the chart."""
     changed = []
     for fs in FILE_SETS:
         directory = chart / fs.chart_dir
@@ -99,35 +94,10 @@ def write(chart: Path = CHART) -> list[str]:
             directory.unlink()
             changed.append(f"{fs.chart_dir}: symbolic link replaced by a directory")
         directory.mkdir(parents=True, exist_ok=True)
-    want = expected(chart)
+    want = expected(chart, sources)
     for path in present(chart):
         if path not in want:
             path.unlink()
             changed.append(f"{path.relative_to(chart)}: removed")
-    for path, data in want.items():
-        if path.is_symlink():
-            path.unlink()
-        if not path.is_file() or path.read_bytes() != data:
-            path.write_bytes(data)
-            changed.append(f"{path.relative_to(chart)}: written")
-    return changed
+    return changed + sync(chart, {path.relative_to(chart): data for path, data in want.items()})
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the copies drifted")
-    args = parser.parse_args(argv)
-    if args.check:
-        problems = drift()
-        for line in problems:
-            print(f"helm/stepscope/{line}", file=sys.stderr)
-        if problems:
-            print("run: python helm/generate.py", file=sys.stderr)
-        return 1 if problems else 0
-    for line in write():
-        print(f"helm/stepscope/{line}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

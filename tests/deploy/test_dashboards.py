@@ -7,35 +7,23 @@ Prometheus scraping simulated nodes.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 from collections.abc import Iterator
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 
+from generate import dashboards
 from tests.support import REPO
 
 DASHBOARDS = REPO / "dashboards"
 PANEL_TYPES = {"timeseries", "table", "heatmap", "stat", "state-timeline", "row"}
 VARIABLES = {"datasource", "cluster", "training_job", "Hostname", "gpu"}
 # host label -> the folder of its dashboards (one source: the generator)
-FOLDERS = {"Hostname": "json", "hostname": "json-hostname"}
+FOLDERS = {label: folder.name for label, folder in dashboards.OUT_DIRS.items()}
 METRIC = re.compile(r"\b([A-Za-z_][A-Za-z0-9_]*(?::[A-Za-z0-9_]+){2}|DCGM_FI_\w+|stepscope_\w+)\b")
-
-
-def load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("stepscope_dashboards",
-                                                  DASHBOARDS / "generate.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 def committed(folder: str = "json") -> dict[str, dict[str, Any]]:
@@ -56,11 +44,11 @@ def queries(dash: dict[str, Any]) -> Iterator[tuple[str, str]]:
 
 @pytest.mark.parametrize(("host_label", "folder"), FOLDERS.items())
 def test_committed_json_is_what_the_generator_writes(host_label: str, folder: str) -> None:
-    rendered = load_generator().render(host_label)
+    rendered = dashboards.render(host_label)
     on_disk = {p.name: p.read_text() for p in (DASHBOARDS / folder).glob("*.json")}
     assert set(on_disk) == set(rendered)
     for name, text in rendered.items():
-        assert on_disk[name] == text, f"{name} is stale: run python dashboards/generate.py"
+        assert on_disk[name] == text, f"{name} is stale: run python -m generate"
 
 
 def test_the_hostname_set_uses_only_the_lower_case_label() -> None:

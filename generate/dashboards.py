@@ -1,7 +1,5 @@
-"""stepscope's Grafana dashboards, generated from code.
-
-    python dashboards/generate.py          # rewrite dashboards/json/*.json
-    python dashboards/generate.py --check  # exit 1 if the committed JSON is out of date
+"""stepscope's Grafana dashboards, generated from code into ``dashboards/json/`` and
+``dashboards/json-hostname/`` (``python -m generate`` runs it with the other generators).
 
 Plain Python builders, no dependency: a panel is a :class:`Panel` of :class:`Query`; a
 dashboard is a list of panels laid out left to right, top to bottom. Every dashboard has
@@ -19,16 +17,16 @@ the same set for dcgm-exporter's newer ``hostname`` label, rewritten by
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from generate.constants import DASHBOARDS_DIR, REPO
+from generate.files import sync
 from stepscope.core.labels import with_host_label
 
-HERE = Path(__file__).resolve().parent
 # host label -> the folder its dashboards are written to
-OUT_DIRS = {"Hostname": HERE / "json", "hostname": HERE / "json-hostname"}
+OUT_DIRS = {"Hostname": DASHBOARDS_DIR / "json", "hostname": DASHBOARDS_DIR / "json-hostname"}
 SCHEMA_VERSION = 39  # Grafana 10.4 / 11
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 RUNBOOKS = "https://github.com/stepscope/stepscope/blob/main/docs/runbooks.md"
@@ -566,21 +564,13 @@ def render(host_label: str = "Hostname") -> dict[str, str]:
             for name, build in DASHBOARDS.items()}
 
 
-def main(argv: list[str]) -> int:
-    stale: list[str] = []
-    for host_label, out_dir in OUT_DIRS.items():
-        rendered = render(host_label)
-        if "--check" in argv:
-            stale += [f"dashboards/{out_dir.name}/{n}" for n, text in rendered.items()
-                      if not (out_dir / n).exists() or (out_dir / n).read_text() != text]
-            continue
-        out_dir.mkdir(exist_ok=True)
-        for name, text in rendered.items():
-            (out_dir / name).write_text(text)
-    for name in stale:
-        print(f"{name} is out of date: run python dashboards/generate.py")
-    return 1 if stale else 0
+def files() -> dict[Path, str]:
+    """Path in the checkout -> JSON text, for every dashboard and host label."""
+    return {out_dir / name: text
+            for host_label, out_dir in OUT_DIRS.items()
+            for name, text in render(host_label).items()}
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def write(repo: Path = REPO) -> list[str]:
+    """Rewrite the dashboards that changed; one line per file written."""
+    return sync(repo, files())

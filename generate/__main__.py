@@ -1,0 +1,7 @@
+"""``python -m generate``: see :mod:`generate.pipeline`."""
+
+import sys
+
+from generate.pipeline import main
+
+sys.exit(main())

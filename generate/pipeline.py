@@ -1,0 +1,122 @@
+"""Run the generators in the order they read each other's output, or check that the
+repository holds what they make.
+
+Exit status: 0 when done (or, with ``--check``, when every generated file is current), 1
+when ``--check`` finds a file that differs or the chart archive cannot be built, 2 when
+the Helm engine is not installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from generate import chart_copies, chart_package, dashboards, manifests, rules
+from generate.constants import CHART_DIR, DASHBOARDS_DIR, MANIFESTS_DIR, PROMETHEUS_DIR, REPO
+
+NO_HELM = (
+    "python -m generate renders the chart with the Helm engine in-process: "
+    "pip install helm-python-sdk (or the test extra: pip install -e '.[test]')"
+)
+
+
+def _chart_copies(repo: Path) -> list[str]:
+    return [f"{CHART_DIR}/{line}" for line in chart_copies.write(repo / CHART_DIR, repo)]
+
+
+# Each step takes a checkout and returns one line per file it changed.
+STEPS: tuple[Callable[[Path], list[str]], ...] = (
+    dashboards.write,
+    rules.write,
+    # copies the two above into the chart, so after them
+    _chart_copies,
+    # renders the chart with its copies, so last
+    manifests.write,
+)
+# every folder a step reads or writes: --check runs the steps on a copy of these
+TREES = (DASHBOARDS_DIR, PROMETHEUS_DIR, CHART_DIR, MANIFESTS_DIR)
+_SKIP = "__pycache__"
+
+
+def write(repo: Path = REPO) -> list[str]:
+    """Run every step on the checkout ``repo``; one line per file changed."""
+    return [line for step in STEPS for line in step(repo)]
+
+
+def _entries(root: Path) -> set[Path]:
+    """Files and symbolic links under TREES, relative to ``root`` (a linked directory is
+    one entry, not followed)."""
+    found: set[Path] = set()
+    for tree in TREES:
+        for dirpath, dirnames, filenames in os.walk(root / tree):
+            here = Path(dirpath)
+            links = [d for d in dirnames if (here / d).is_symlink()]
+            found.update((here / name).relative_to(root) for name in [*filenames, *links])
+            dirnames[:] = [d for d in dirnames if d not in links and d != _SKIP]
+    return found
+
+
+def _same(shipped: Path, made: Path) -> bool:
+    if shipped.is_symlink() or made.is_symlink():
+        return (shipped.is_symlink() and made.is_symlink()
+                and os.readlink(shipped) == os.readlink(made))
+    return shipped.read_bytes() == made.read_bytes()
+
+
+def check(repo: Path = REPO) -> list[str]:
+    """Every file under TREES that differs from what the steps make, one line each
+    (empty when the checkout is current). The steps run on a copy; ``repo`` is only read."""
+    with tempfile.TemporaryDirectory(prefix="stepscope-generate-") as tmp:
+        copy = Path(tmp)
+        for tree in TREES:
+            shutil.copytree(repo / tree, copy / tree, symlinks=True,
+                            ignore=shutil.ignore_patterns(_SKIP))
+        write(copy)
+        shipped, made = _entries(repo), _entries(copy)
+        problems = []
+        for rel in sorted(shipped | made):
+            if rel not in made:
+                problems.append(f"{rel}: a symbolic link where the generators make files"
+                                if (repo / rel).is_symlink() else f"{rel}: not generated")
+            elif rel not in shipped:
+                problems.append(f"{rel}: missing")
+            elif not _same(repo / rel, copy / rel):
+                problems.append(f"{rel}: differs from what the generators make")
+        return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m generate",
+        description="Rewrite the repository's generated files (dashboards, rules for the "
+        "hostname label, the chart's copies, plain Kubernetes manifests) in order.",
+    )
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 naming every file that is out of date")
+    parser.add_argument("--package", nargs="?", type=Path, const=REPO / "dist",
+                        metavar="DIR", help="then build the chart archive into DIR "
+                        "(default: dist/); with --check, only when everything is current")
+    args = parser.parse_args(argv)
+    try:
+        import helm_python  # noqa: F401
+    except ImportError:
+        print(NO_HELM, file=sys.stderr)
+        return 2
+    if args.check:
+        problems = check()
+        for line in problems:
+            print(line, file=sys.stderr)
+        if problems:
+            print("run: python -m generate", file=sys.stderr)
+            return 1
+    else:
+        for line in write():
+            print(line)
+    if args.package is not None:
+        print(chart_package.package(args.package))
+    return 0

@@ -1,0 +1,93 @@
+"""`python -m generate`: every generated file of the repository from one command, and
+`--check`, the command CI runs, naming each one that is out of date."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from generate import pipeline
+from tests.support import REPO
+
+
+def generate(checkout: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "generate", *args],
+        cwd=checkout, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_generator_check_is_the_command_ci_can_run() -> None:
+    run = generate(REPO, "--check")
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """A copy of what the generators read and write, with the generators themselves."""
+    shutil.copytree(REPO / "generate", tmp_path / "generate",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for tree in pipeline.TREES:
+        shutil.copytree(REPO / tree, tmp_path / tree, symlinks=True)
+    return tmp_path
+
+
+def test_check_names_an_edited_generated_file_and_a_run_repairs_it(checkout: Path) -> None:
+    dashboard = checkout / "dashboards" / "json" / "stepscope-node.json"
+    shipped = dashboard.read_bytes()
+    dashboard.write_text(dashboard.read_text().replace('"title"', '"tittle"', 1))
+
+    run = generate(checkout, "--check")
+    assert run.returncode == 1
+    assert run.stderr.splitlines() == [
+        "dashboards/json/stepscope-node.json: differs from what the generators make",
+        "run: python -m generate",
+    ]
+    assert dashboard.read_bytes() != shipped, "--check writes nothing"
+
+    run = generate(checkout)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == ["dashboards/json/stepscope-node.json: written"]
+    assert dashboard.read_bytes() == shipped
+    assert generate(checkout, "--check").returncode == 0
+    assert generate(checkout).stdout == "", "a second run writes nothing"
+
+
+def test_check_names_every_file_made_from_an_edited_source(checkout: Path) -> None:
+    # a canonical rule: its hostname variant, the chart's copies of both and the
+    # PrometheusRule of the plain manifests are made from it, in that order
+    rule = checkout / "deploy" / "prometheus" / "rules" / "stepscope-alerts.yml"
+    rule.write_text(rule.read_text().replace("for: 5m", "for: 6m", 1))
+    run = generate(checkout, "--check")
+    assert run.returncode == 1
+    differs = ": differs from what the generators make"
+    assert run.stderr.splitlines() == [
+        f"deploy/kubernetes/monitoring.yaml{differs}",
+        f"deploy/prometheus/rules-hostname/stepscope-alerts.yml{differs}",
+        f"helm/stepscope/rules/stepscope-alerts.yml{differs}",
+        f"helm/stepscope/rules-hostname/stepscope-alerts.yml{differs}",
+        "run: python -m generate",
+    ]
+
+
+def test_check_names_a_missing_file_and_a_copy_left_behind(checkout: Path) -> None:
+    (checkout / "deploy" / "kubernetes" / "monitoring.yaml").unlink()
+    (checkout / "helm" / "stepscope" / "rules" / "stepscope-old.yml").write_text("groups: []\n")
+    run = generate(checkout, "--check")
+    assert run.returncode == 1
+    assert "deploy/kubernetes/monitoring.yaml: missing" in run.stderr.splitlines()
+    assert "helm/stepscope/rules/stepscope-old.yml: not generated" in run.stderr.splitlines()
+
+
+def test_without_the_helm_engine_the_command_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "helm_python", None)  # import raises ImportError
+    assert pipeline.main(["--check"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.count("\n") == 1 and "pip install helm-python-sdk" in out.err
