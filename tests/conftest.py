@@ -4,12 +4,15 @@ layer's certificates. What the tests share besides fixtures is in :mod:`tests.su
 from __future__ import annotations
 
 import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from tests.support.exporter import Exporter, start_exporter, stop_all
+from tests.support.imds import FULL, FakeImds, _serve
+from tests.support.kubelet import KubeletServer, running_kubelet
 from tests.support.web import make_certs
 
 
@@ -57,3 +60,24 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("certs")
     make_certs(d)
     return d
+
+
+@pytest.fixture
+def kubelet(tmp_path: Path) -> Iterator[KubeletServer]:
+    """A fake kubelet serving the pod-resources protocol on a Unix socket."""
+    yield from running_kubelet(tmp_path)
+
+
+@pytest.fixture
+def imds() -> Iterator[FakeImds]:
+    """A fake IMDSv2 of an instance in a placement group (partition 3)."""
+    yield from _serve(FULL)
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A 0755 directory under /tmp (short enough for Unix socket paths), removed after."""
+    path = Path(tempfile.mkdtemp(prefix="ss-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

@@ -97,7 +97,7 @@ def register_timed_allreduce(
 def _timed_allreduce(
     comm: ExposedComm, event: Callable[[], Any], warn_once: WarnOnce
 ) -> Callable[[Any, Any], Any]:
-    def stepscope_allreduce_hook(process_group: Any, bucket: Any) -> Any:
+    def timed(process_group: Any, bucket: Any) -> Any:
         """DDP's default all-reduce (divide, all-reduce, average), timed."""
         dist: Any = importlib.import_module("torch.distributed")
         group = process_group if process_group is not None else dist.group.WORLD
@@ -150,5 +150,8 @@ def _timed_allreduce(
 
         return fut.then(finished)
 
-    stepscope_allreduce_hook.__qualname__ = "stepscope_allreduce_hook"
-    return stepscope_allreduce_hook
+    # torch checks a hook's annotations (``bucket`` must be unannotated or GradBucket):
+    # an unannotated lambda passes whatever this module's annotations say.
+    hook: Callable[[Any, Any], Any] = lambda state, bucket: timed(state, bucket)  # noqa: E731
+    hook.__name__ = hook.__qualname__ = "stepscope_allreduce_hook"
+    return hook

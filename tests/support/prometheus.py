@@ -1,0 +1,102 @@
+"""A real Prometheus server the test starts, and its binary."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import wait_for
+from tests.support.ports import free_port
+
+# The cluster label the test Prometheus stamps on every target (external label).
+CLUSTER = "e2e"
+
+
+def prometheus_binary() -> str:
+    path = shutil.which("prometheus")
+    if path is None:
+        if os.environ.get("STEPSCOPE_REQUIRE_PROMTOOL"):
+            pytest.fail("prometheus is required (STEPSCOPE_REQUIRE_PROMTOOL is set)")
+        pytest.skip("prometheus not installed (Debian package prometheus)")
+    return path
+
+
+class Prometheus:
+    """A prometheus server process on a free loopback port, TSDB in a tmp dir."""
+
+    host_label = "Hostname"
+
+    def __init__(
+        self, tmp: Path, targets: list[str], rules_dir: Path, **job: Any
+    ) -> None:
+        rules = shortened_rules(tmp / "rules", rules_dir)
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
+                       "scrape_timeout": "900ms"},
+            "rule_files": [str(p) for p in rules],
+            "scrape_configs": [{
+                "job_name": "stepscope",
+                # as shipped: the scrape's labels win; the cluster is a target label
+                "honor_labels": False,
+                "static_configs": [{"targets": targets, "labels": {"cluster": CLUSTER}}],
+                **job,
+            }],
+        }
+        (tmp / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.log = (tmp / "prometheus.log").open("w")
+        self.proc = subprocess.Popen(
+            [prometheus_binary(), f"--config.file={tmp / 'prometheus.yml'}",
+             f"--storage.tsdb.path={tmp / 'data'}",
+             f"--web.listen-address={self.url.removeprefix('http://')}",
+             "--log.level=warn"],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        wait_for(lambda: self.ready(), timeout=30, interval=0.2)
+
+    def ready(self) -> bool:
+        assert self.proc.poll() is None, "prometheus exited: see prometheus.log"
+        try:
+            with urllib.request.urlopen(self.url + "/-/ready", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def api(self, path: str, **params: str) -> Any:
+        url = f"{self.url}/api/v1/{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            body = json.load(resp)
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def shortened_rules(dest: Path, rules_dir: Path) -> list[Path]:
+    """The shipped rule files with every `for:` set to 5 s; nothing else changes."""
+    dest.mkdir()
+    out = []
+    for path in sorted(rules_dir.glob("*.yml")):
+        text, n = re.subn(r"(?m)^(\s+)for: \S+$", r"\1for: 5s", path.read_text())
+        assert n or "alert:" not in text
+        (dest / path.name).write_text(text)
+        out.append(dest / path.name)
+    return out

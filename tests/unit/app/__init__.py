@@ -1,0 +1,1 @@
+"""Tests of stepscope.app: the command, its configuration, the wiring."""

@@ -1,0 +1,115 @@
+"""`stepscope diagnose` against a running exporter, the fleet analysis, `nccl-check`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stepscope.app.cli import main
+from stepscope.diagnose.cli import analyse_fleet, render_fleet
+from tests.support import REPO
+
+NCCL = REPO / "tests" / "fixtures" / "nccl"
+
+
+def test_nccl_check_names_each_ranks_network_and_why_it_fell_back_to_sockets(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["nccl-check", "--json", *map(str, sorted(NCCL.glob("*.log")))]) == 1
+    rows = {(r["host"], r["rank"]): r for r in json.loads(capsys.readouterr().out)}
+    efa0 = rows[("ip-10-0-1-11", 0)]
+    assert (efa0["transport"], efa0["verdict"], efa0["provider"]) == ("efa", "ok", "efa")
+    assert efa0["nranks"] == 4 and efa0["nnodes"] == 2 and efa0["plugin"] == "Libfabric"
+    assert rows[("ip-10-0-1-11", 1)]["network"] == "AWS Libfabric"  # older plugin wording
+    sock = rows[("ip-10-0-1-12", 2)]
+    assert (sock["transport"], sock["verdict"]) == ("socket", "slow")
+    assert "No plugin found" in sock["why"] and "No device found" in sock["why"]
+    tcp = rows[("ip-10-0-1-12", 3)]
+    assert (tcp["transport"], tcp["verdict"]) == ("libfabric", "slow")
+    assert "'tcp' is not EFA" in tcp["why"] and "fi_getinfo" in tcp["why"]
+    assert rows[("dgx-07", 0)]["transport"] == "ib"  # mpirun's [1,0]<stdout>: prefix
+    single = rows[("dgx-07", 1)]
+    assert (single["transport"], single["verdict"]) == ("socket", "ok")  # one node
+    # a healthy EFA log alone exits 0; a log without NCCL lines cannot tell
+    assert main(["nccl-check", str(NCCL / "efa-node-a.log")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("RANK") and "EFA through libfabric" in out
+    assert main(["nccl-check", str(REPO / "README.md")]) == 2
+    assert main(["nccl-check", str(NCCL / "missing.log")]) == 2
+
+
+def _write_config(tmp_path: Path, scenario: dict[str, Any]) -> Path:
+    (tmp_path / "scenario.yaml").write_text(json.dumps(scenario))
+    cfg = tmp_path / "stepscope.yaml"
+    cfg.write_text(
+        f"interval: 0.2\nslow_interval: 1\nscenario: {tmp_path / 'scenario.yaml'}\n"
+        f"ingest: unix://{tmp_path / 'ingest.sock'}\ndiagnosis: {{window: 2}}\n"
+    )
+    return cfg
+
+
+def _series(metric: dict[str, str], value: float) -> dict[str, Any]:
+    return {"metric": metric, "value": [1.7e9, str(value)]}
+
+
+def test_fleet_view_names_the_slow_rank_its_cause_the_waiting_ranks_and_the_rest() -> None:
+    def rank(r: int, host: str, **phases: float) -> list[dict[str, Any]]:
+        return [_series({"cluster": "c", "training_job": "j", "rank": str(r), "Hostname": host,
+                         "gpu": "0", "phase": name}, v) for name, v in phases.items()]
+
+    def verdict(r: int, host: str, kind: str, **extra: str) -> dict[str, Any]:
+        return _series({"cluster": "c", "training_job": "j", "rank": str(r), "Hostname": host,
+                        "gpu": "0", **extra, "kind": kind}, 1)
+
+    sm = [_series({"cluster": "c", "Hostname": f"node-{h}", "gpu": str(g)}, 0.9)
+          for h in "abc" for g in range(2)]
+    sm.append(_series({"cluster": "c", "Hostname": "node-d", "gpu": "0"}, 0.4))
+    phases = [*rank(0, "node-a", compute=0.30, comm=0.15, data_wait=0.01),
+              *rank(1, "node-b", compute=0.30, comm=0.15, data_wait=0.01),
+              *rank(2, "node-c", compute=0.45, comm=0.01, data_wait=0.01),
+              *rank(3, "node-x", compute=0.31, comm=0.14, data_wait=0.01)]
+    report = analyse_fleet({
+        "sm_active": sm,
+        "thermal": [_series({"cluster": "c", "Hostname": "node-c", "gpu": "0"}, 8e8),
+                    _series({"cluster": "c", "Hostname": "node-a", "gpu": "0"}, 0.0)],
+        "phase_per_step": phases,
+        "verdicts": [verdict(0, "node-a", "communication"),
+                     verdict(1, "node-b", "waiting_on_peer"),
+                     verdict(2, "node-c", "compute"),
+                     verdict(3, "node-x", "input_cpu"),
+                     _series({"cluster": "c", "Hostname": "node-e", "gpu": "3",
+                              "kind": "gpu_fault"}, 1)],
+        "modifiers": [_series({"cluster": "c", "training_job": "j", "rank": "2",
+                               "Hostname": "node-c", "modifier": "thermal_throttle"}, 1),
+                      _series({"cluster": "c", "training_job": "j", "rank": "0",
+                               "Hostname": "node-a", "modifier": "tcp_suspected"}, 1),
+                      _series({"cluster": "c", "Hostname": "node-e", "gpu": "3",
+                               "modifier": "xid_critical"}, 1)],
+        "gpu_down": [_series({"cluster": "c", "Hostname": "node-f", "gpu": "1"}, 0)],
+        "zones": [_series({"training_job": "j"}, 2), _series({"training_job": "k"}, 1)],
+    })  # fmt: skip
+    found = {(f["kind"], f.get("Hostname"), f.get("gpu"), f.get("rank"), f.get("job"))
+             for f in report["findings"]}  # fmt: skip
+    assert found == {
+        ("straggler", "node-d", "0", None, None),
+        ("thermal_throttle", "node-c", "0", None, None),
+        ("slow_rank", "node-c", "0", "2", "j"),
+        ("input_cpu", "node-x", "0", "3", "j"),  # the verdict of a rank not waiting
+        ("gpu_fault", "node-e", "3", None, None),
+        ("gpu_down", "node-f", "1", None, None),
+        ("cross_az", None, None, None, "j"),
+    }  # ranks 0 and 1 wait for rank 2: not findings of their own, nor is rank 0's tcp
+    (job,) = report["jobs"]
+    (slow,) = job["slow_ranks"]
+    assert slow["cause"] == "compute+thermal_throttle" and "temperature" in slow["advice"]
+    assert slow["ratio"] == pytest.approx(0.46 / 0.315)  # busy: step less comm
+    assert (job["waiting_ranks"], job["waiting_nodes"]) == (2, 2)
+    report["status"] = "bottleneck"
+    text = render_fleet(report, "http://prom", "1m")
+    assert "SLOW: rank 2 on node-c (gpu 0)" in text
+    assert "likely cause, node-c's own verdict: compute+thermal_throttle" in text
+    assert "2 other rank(s) on 2 other node(s) wait for it" in text
+    assert analyse_fleet({"sm_active": sm[:6]})["findings"] == []
