@@ -1,8 +1,6 @@
-"""Helpers the benchmark scripts share: free loopback ports, plain HTTP GETs, a detached
-exporter, a process's CPU and memory from /proc, and SDK-like training jobs.
-
-The scripts run as ``python benchmarks/NAME.py``, so this module is importable as a
-sibling (``from _local import free_port``).
+"""Helpers the benchmark and acceptance scripts share: free loopback ports, plain HTTP
+GETs, a detached exporter, a process's CPU and memory from /proc, and SDK-like training
+jobs (``from benchmarks._local import free_port``).
 """
 
 from __future__ import annotations
@@ -16,6 +14,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tests.support.paths import EXPORTER
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
@@ -230,9 +230,8 @@ class ServedExporter:
         self.socket = str(self.dir / "ingest.sock")
         self.port = free_port()
         self.log = self.dir / "exporter.log"
-        repo = Path(__file__).resolve().parent.parent
         environ = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
-        environ["PYTHONPATH"] = str(repo / "exporter")
+        environ["PYTHONPATH"] = str(EXPORTER)
         self.pid = start_detached_exporter(
             ["--simulate", str(gpus), "--listen", f"127.0.0.1:{self.port}",
              "--ingest", f"unix://{self.socket}", "--log-level", "warning", *(extra or [])],

@@ -1,6 +1,6 @@
 """Cost of a sampling pass with the diagnosis, 8 to 512 ranks, windows 30 and 60 s.
 
-    python benchmarks/bench_diagnosis.py [--ranks 8 64 256 512] [--windows 30 60]
+    python -m benchmarks.bench_diagnosis [--ranks 8 64 256 512] [--windows 30 60]
 
 A real sampler (simulated 8-GPU node, the ingest's aggregator fed StepRecords directly, the
 diagnosis as its analysis stage) runs on a fake clock: each simulated second every rank
@@ -37,11 +37,8 @@ import statistics
 import sys
 import time
 from collections.abc import Iterable
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
-
-from _local import ServedExporter, TrainingJobs, gpu_uuids, load_average, scrape
+from benchmarks._local import ServedExporter, TrainingJobs, gpu_uuids, load_average, scrape
 from stepscope.core.exposition import Family
 from stepscope.core.registry import Registry
 from stepscope.core.sampler import (

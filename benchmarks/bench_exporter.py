@@ -10,10 +10,10 @@ then measures:
   idle rate);
 - RSS, series count and body size (plain and gzip).
 
-Usage (from the repo root, stepscope installed or ``exporter/`` on PYTHONPATH)::
+Usage (from the repo root)::
 
-    python benchmarks/bench_exporter.py --simulate 1 --simulate 8
-    python benchmarks/bench_exporter.py --real \\
+    python -m benchmarks.bench_exporter --simulate 1 --simulate 8
+    python -m benchmarks.bench_exporter --real \\
         --peer 'nvitop-exporter=python -m nvitop_exporter --bind-address 127.0.0.1 --port {port}'
 
 Prints a Markdown table; ``--json FILE`` also writes the raw numbers.
@@ -37,9 +37,8 @@ from pathlib import Path
 
 import psutil
 
-from _local import free_port
-
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks._local import free_port
+from tests.support import REPO
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """False alarms: a healthy simulated fleet with ranks, 30 simulated minutes.
 
-    python benchmarks/bench_false_alarms.py [--nodes 8] [--gpus 8] [--minutes 30] [--sanity]
+    python -m benchmarks.bench_false_alarms [--nodes 8] [--gpus 8] [--minutes 30] [--sanity]
 
 Each node is a real ``Sampler`` (the registry ``stepscope serve`` builds: GPU source over a
 simulated 8 x H100 node, the ingest's ``IngestSource`` over a real ``Aggregator``, an RDMA
@@ -42,26 +42,24 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "exporter"))
-
-from stepscope.core.registry import Registry  # noqa: E402
-from stepscope.core.sampler import Sampler, SamplerSettings  # noqa: E402
-from stepscope.core.source import ReadContext, Source  # noqa: E402
-from stepscope.diagnose.analysis import DIAGNOSIS, DiagnosisAnalysis  # noqa: E402
-from stepscope.diagnose.model import Diagnosis  # noqa: E402
-from stepscope.gpu.simulated import (  # noqa: E402
+from stepscope.core.registry import Registry
+from stepscope.core.sampler import Sampler, SamplerSettings
+from stepscope.core.source import ReadContext, Source
+from stepscope.diagnose.analysis import DIAGNOSIS, DiagnosisAnalysis
+from stepscope.diagnose.model import Diagnosis
+from stepscope.gpu.simulated import (
     SimulatedBackend,
     default_scenario,
     parse_scenario,
 )
-from stepscope.gpu.source import GpuSource  # noqa: E402
-from stepscope.host.model import HOST_PART, HostReading, ProcessReading  # noqa: E402
-from stepscope.ingest.aggregate import Aggregator, TrainingSettings  # noqa: E402
-from stepscope.ingest.source import IngestSource  # noqa: E402
-from stepscope.net.rdma import RdmaPort  # noqa: E402
-from stepscope.net.source import RdmaSource  # noqa: E402
-from stepscope.shared.datagram import Limits, StepRecord  # noqa: E402
+from stepscope.gpu.source import GpuSource
+from stepscope.host.model import HOST_PART, HostReading, ProcessReading
+from stepscope.ingest.aggregate import Aggregator, TrainingSettings
+from stepscope.ingest.source import IngestSource
+from stepscope.net.rdma import RdmaPort
+from stepscope.net.source import RdmaSource
+from stepscope.shared.datagram import Limits, StepRecord
+from tests.support import REPO
 
 RULES = REPO / "deploy" / "prometheus" / "rules"
 SCRAPE = 15  # seconds between "scrapes" that feed promtool

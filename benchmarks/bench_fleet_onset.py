@@ -1,9 +1,9 @@
 """Onset to verdict, onset to alert: one node of a fleet turns slow; how long until we say so.
 
-    python benchmarks/bench_fleet_onset.py [--nodes 8] [--scrape 15s] [--slow-at 150]
+    python -m benchmarks.bench_fleet_onset [--nodes 8] [--scrape 15s] [--slow-at 150]
                                            [--for-as-shipped | --for 5s] [--timeout 900]
 
-The fleet of tests/fleet_harness.py on this machine: ``--nodes`` exporters (simulated
+The fleet of tests/support/fleet.py on this machine: ``--nodes`` exporters (simulated
 H100, 1 s sampling, the default 30 s diagnosis window), a real Prometheus scraping them
 every ``--scrape`` with the shipped rules (``for:`` as shipped by default), the ranks
 of one job through the SDK, one per node. At ``--slow-at`` seconds (after the rate
@@ -30,11 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "exporter"))
-
-from fleet_harness import fleet, fleet_report  # noqa: E402
+from tests.support.fleet import fleet, fleet_report
 
 ALERTS = ("StepscopeRankStraggler", "StepscopeGpuThermalViolation")
 

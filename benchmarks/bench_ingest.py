@@ -14,8 +14,8 @@ The exporter's CPU during each run (``cpu %``, of one core) shows the headroom.
 
 Usage (from the repo root)::
 
-    python benchmarks/bench_ingest.py                 # N = 500,000
-    python benchmarks/bench_ingest.py -n 1000000 --udp-rate 50000
+    python -m benchmarks.bench_ingest                 # N = 500,000
+    python -m benchmarks.bench_ingest -n 1000000 --udp-rate 50000
 
 Prints a Markdown table.
 """
@@ -38,9 +38,9 @@ from pathlib import Path
 
 import psutil
 
-from _local import free_port
+from benchmarks._local import free_port
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 RANKS = 8
 
 

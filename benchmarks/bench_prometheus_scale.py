@@ -1,7 +1,7 @@
 """How the shipped rules scale: a real Prometheus scraping a simulated fleet, live.
 
-    python benchmarks/bench_prometheus_scale.py --nodes 1000 --interval 15s --seconds 180
-    python benchmarks/bench_prometheus_scale.py --nodes 16 64 --interval 5s --warmup 150
+    python -m benchmarks.bench_prometheus_scale --nodes 1000 --interval 15s --seconds 180
+    python -m benchmarks.bench_prometheus_scale --nodes 16 64 --interval 5s --warmup 150
 
 What one node serves comes from the real exporter: `stepscope serve --simulate 8` with 8
 training ranks reporting steps through its ingest socket (so GPU series carry the rank's
@@ -53,9 +53,9 @@ from typing import Any
 import psutil
 import yaml
 
-from _local import free_port, get
+from benchmarks._local import free_port, get
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 RULES = REPO / "deploy" / "prometheus" / "rules"
 H100_BF16 = 989.4e12
 MFU = 0.45  # what the simulated ranks achieve: a good large-model training run

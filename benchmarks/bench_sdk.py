@@ -22,7 +22,7 @@ benchmarks the SDK found in DIR (another checkout's ``exporter/``, e.g. a releas
 a change) with this same harness. ``--out DIR`` also writes the table and a JSON of the
 figures there.
 
-    python3 benchmarks/bench_sdk.py [--steps 20000] [--gap-us 200] [--device cpu|cuda]
+    python3 -m benchmarks.bench_sdk [--steps 20000] [--gap-us 200] [--device cpu|cuda]
                                     [--sdk DIR] [--out DIR]
 """
 
@@ -41,7 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-EXPORTER = Path(__file__).resolve().parent.parent / "exporter"
+from tests.support.paths import EXPORTER
 
 RECEIVER = """
 import socket, sys

@@ -1,6 +1,6 @@
 """A long soak of a real exporter under churn and abuse: scrape latency, memory, CPU.
 
-    python benchmarks/bench_soak.py [--minutes 30] [--ranks 512] [--hostile-rate 5000]
+    python -m benchmarks.bench_soak [--minutes 30] [--ranks 512] [--hostile-rate 5000]
                                     [--idle 200] [--warmup 5]
 
 What runs, all against one ``stepscope serve --simulate 8 --ingest unix://...``:
@@ -45,9 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
-
-from _local import (
+from benchmarks._local import (
     ServedExporter,
     TrainingJobs,
     gpu_uuids,

@@ -12,10 +12,10 @@ and the TLS handshake path that follows certificate rotation.
    SSLContext against a plain one, the SNI callback alone between checks, a check
    (stat of the files), and a reload (new context plus the start-up probes).
 
-Usage (from the repo root, stepscope installed or ``exporter/`` on PYTHONPATH)::
+Usage (from the repo root)::
 
-    python benchmarks/bench_webconfig.py
-    python benchmarks/bench_webconfig.py --pythonpath /tmp/old   # another version's
+    python -m benchmarks.bench_webconfig
+    python -m benchmarks.bench_webconfig --pythonpath /tmp/old   # another version's
         # exporter for the flood and timing parts (e.g. a copy of an older package)
 
 Prints Markdown tables.
@@ -41,9 +41,7 @@ from pathlib import Path
 import bcrypt
 import psutil
 
-from _local import free_port
-
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks._local import free_port
 
 
 def _auth(user: str, password: str) -> dict[str, str]:
@@ -203,7 +201,7 @@ def _per_call_us(fn: object, n: int) -> float:
 
 
 def handshakes(n: int) -> None:
-    from stepscope.webconfig import CertificateReloader, TlsSettings, build_ssl_context
+    from stepscope.web.tls import CertificateReloader, TlsSettings, build_ssl_context
 
     if shutil.which("openssl") is None:
         print("(handshake part skipped: no openssl)")

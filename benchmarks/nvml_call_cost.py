@@ -18,7 +18,7 @@ needs between calls. Calls that cost under 200 µs are timed in batches of 10
 between two clock reads, so the per-row cost of reading the thread CPU clock (a
 system call) does not pad the baseline; NvmlBackend reads are timed the same way.
 
-    python3 benchmarks/nvml_call_cost.py [--device N] [--calls 100]
+    python3 -m benchmarks.nvml_call_cost [--device N] [--calls 100]
 
 Exits 2 with one line when there is no NVIDIA driver.
 """
@@ -32,10 +32,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporter"))
 
 from stepscope.gpu import libnvml
 from stepscope.gpu.fields import FIELDS_BY_KEY, GPM_METRICS

@@ -1,6 +1,6 @@
 """The fleet view for real: `stepscope diagnose --prometheus` against a real Prometheus
 scraping 8 exporters (simulated GPUs, one machine), with the ranks of one job reporting
-through the SDK, one per node, and one node slow (tests/fleet_harness.py).
+through the SDK, one per node, and one node slow (tests/support/fleet.py).
 
 The slow node's GPU throttles for temperature and its rank computes 50% longer; every
 other rank waits for it in the all-reduce. The fleet view must name, on one screen, the
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.fleet_harness import JOB, fleet, fleet_report
 from tests.support import REPO, wait_for
+from tests.support.fleet import JOB, fleet, fleet_report
 
 
 def test_the_fleet_view_names_the_slow_node_rank_job_and_cause_on_one_screen(

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.integration_runs import assert_same_series, exporter, run_ranks, served
+from tests.support.integration_runs import assert_same_series, exporter, run_ranks, served
 
 
 def test_fsdp_serves_the_ddp_loops_series_with_its_reduce_scatter_as_comm(

@@ -14,7 +14,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from tests.integration_runs import (
+from tests.support.integration_runs import (
     assert_same_series,
     datagrams,
     exporter,

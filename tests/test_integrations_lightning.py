@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("lightning")
 
-from tests.integration_runs import (
+from tests.support.integration_runs import (
     assert_same_series,
     datagrams,
     exporter,

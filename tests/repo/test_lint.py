@@ -14,7 +14,7 @@ from tests.support import REPO
 @pytest.mark.parametrize(
     "cmd",
     [
-        ["ruff", "check", "exporter", "tests", "benchmarks", "generate"],
+        ["ruff", "check", "exporter", "tests", "benchmarks", "validation", "generate"],
         ["mypy"],
     ],
     ids=["ruff", "mypy"],

@@ -1,6 +1,6 @@
 """One rank of the same tiny workload, trained by a plain loop or through a framework.
 
-The integration tests and ``benchmarks/gpu_integrations_validation.py`` start this
+The integration tests and ``validation/gpu_integrations_validation.py`` start this
 script once per rank with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT); ``--mode`` picks who drives the loop:
 

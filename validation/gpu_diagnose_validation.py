@@ -26,11 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _local import free_port, pid_alive, start_detached_exporter, stop_pid
-from _local import get as get_url
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "exporter"))
+from benchmarks._local import free_port, pid_alive, start_detached_exporter, stop_pid
+from benchmarks._local import get as get_url
+from tests.support import REPO
 
 
 def get(port: int, path: str) -> bytes:

@@ -1,7 +1,7 @@
 """Real PyTorch training loops (CPU) that reproduce each bottleneck, for the diagnosis tests.
 
-Run as a script: ``python diagnose_workload.py MODE --seconds S [...]``, with
-``STEPSCOPE_INGEST`` pointing at the exporter. Modes:
+Run from the repository root, ``python -m tests.support.workloads MODE --seconds S [...]``,
+with ``STEPSCOPE_INGEST`` pointing at the exporter. Modes:
 
 - ``loader``: a small CNN on synthetic images from a DataLoader, the worked example of
   docs/field-guide.md: ``--aug light`` (normalize only) or ``heavy`` (resize, blur, rotation,

@@ -10,8 +10,8 @@ there). Writes to ``--out`` (default ``$OUT``): ``metrics.txt`` (the last scrape
 ``summary.json`` (per mode and rank: what /metrics serves and what the worker said),
 ``exporter.log`` and one ``MODE.log`` per mode; prints a table.
 
-    python benchmarks/gpu_integrations_validation.py --device cuda --out out/
-    python benchmarks/gpu_integrations_validation.py --device cpu --ranks 2 --out /tmp/v
+    python -m validation.gpu_integrations_validation --device cuda --out out/
+    python -m validation.gpu_integrations_validation --device cpu --ranks 2 --out /tmp/v
 """
 
 from __future__ import annotations
@@ -28,14 +28,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from _local import free_port, scrape, wait_for_exporter
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "exporter"))
-
-from stepscope.shared.datagram import PHASES  # noqa: E402
-from workers.integration_worker import MODES, launch  # noqa: E402
+from benchmarks._local import free_port, scrape, wait_for_exporter
+from stepscope.shared.datagram import PHASES
+from tests.support import REPO
+from tests.workers.integration_worker import MODES, launch
 
 ORDER = ("plain-ddp", "lightning-ddp", "hf-trainer", "accelerate", "plain-fsdp",
          "lightning-fsdp")

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
-from tests.test_prometheus_e2e import CLUSTER, Prometheus, free_port, prometheus_binary
+from tests.support.ports import free_port
+from tests.support.prometheus import CLUSTER, Prometheus, prometheus_binary
 
 RULES = REPO / "deploy" / "prometheus" / "rules"
 WORKER = REPO / "tests" / "workers" / "fleet_ranks.py"

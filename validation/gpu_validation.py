@@ -26,9 +26,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from _local import free_port, scrape, wait_for_exporter
-
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks._local import free_port, scrape, wait_for_exporter
+from tests.support import REPO
 
 WORKLOAD = textwrap.dedent(
     """

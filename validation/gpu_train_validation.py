@@ -21,10 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-from _local import free_port, scrape, wait_for_exporter
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "exporter"))
+from benchmarks._local import free_port, scrape, wait_for_exporter
+from tests.support import REPO
 
 PEAK_BF16 = 989.4e12
 

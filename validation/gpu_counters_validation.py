@@ -2,7 +2,7 @@
 
 Run on a machine with an NVIDIA driver and nvidia-ml-py (no internet, no torch needed):
 
-    PYTHONPATH=exporter python benchmarks/gpu_counters_validation.py --out DIR
+    python -m validation.gpu_counters_validation --out DIR
 
 1. Reads every counter of dcgm-exporter's default list (``etc/default-counters.csv``)
    straight from NVML with pynvml's own wrappers, per GPU, independently of stepscope's
@@ -40,10 +40,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from _local import free_port, scrape, wait_for_exporter
+from benchmarks._local import free_port, scrape, wait_for_exporter
 from stepscope.gpu import fields  # pure data: no NVML
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.support import REPO
 
 DEFAULT_COUNTERS = fields.DEFAULT_COUNTERS
 NEW = {"DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_FB_RESERVED",
@@ -310,7 +309,7 @@ def markdown(text: str, command: list[str], out: Path, names: list[str],
 
     lines = [
         "# dcgm-exporter's default counters: stepscope on NVML vs NVML read directly", "",
-        f"Command: `PYTHONPATH=exporter python benchmarks/gpu_counters_validation.py "
+        f"Command: `python -m validation.gpu_counters_validation "
         f"--out {out}`; exporter: `{' '.join(command[1:])}`. Default counters from "
         "NVIDIA/dcgm-exporter `etc/default-counters.csv` (d5e5f51). Served values come from "
         "the scrape; the NVML column was read by this script with pynvml right after it "

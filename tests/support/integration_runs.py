@@ -19,7 +19,7 @@ import pytest
 
 from stepscope.shared.datagram import PHASES
 from tests.support import Exporter, parse_samples, start_exporter, wait_for
-from tests.test_train_ddp import Collector
+from tests.support.collector import Collector
 from tests.workers.integration_worker import FLOPS_PER_TOKEN, TOKENS, launch
 
 STEPS, WARMUP = 12, 3

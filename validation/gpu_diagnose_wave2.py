@@ -1,7 +1,7 @@
 """The diagnosis on a GPU, class by class: a confusion table of verdicts (issue 13).
 
-    python benchmarks/gpu_diagnose_wave2.py --out DIR            # on a CUDA GPU
-    python benchmarks/gpu_diagnose_wave2.py --out DIR --cpu      # rehearsal, simulated GPU
+    python -m validation.gpu_diagnose_wave2 --out DIR            # on a CUDA GPU
+    python -m validation.gpu_diagnose_wave2 --out DIR --cpu      # rehearsal, simulated GPU
 
 Each class is a small training loop made to have one bottleneck, reporting every step
 through the SDK (``StepReporter``: CUDA event timing on a GPU) to a ``stepscope serve``
@@ -50,10 +50,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from _local import free_port, get, pid_alive, start_detached_exporter, stop_pid
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "exporter"))
+from benchmarks._local import free_port, get, pid_alive, start_detached_exporter, stop_pid
+from tests.support import REPO
 
 # class -> (expected kind, expected modifier or None)
 EXPECTED: dict[str, tuple[str, str | None]] = {
