@@ -16,8 +16,9 @@ import pytest
 import yaml
 
 from tests.support import REPO, promtool, wait_for
-from tests.test_aws_discover import CREDS, _client_creds, _moto
-from tests.test_prometheus_e2e import free_port, prometheus_binary
+from tests.support.moto import CREDS, _client_creds, _moto
+from tests.support.ports import free_port
+from tests.support.prometheus import prometheus_binary
 
 PROM = REPO / "deploy" / "prometheus"
 
