@@ -11,8 +11,8 @@ through its function pointer (``pynvml._nvmlGetFunctionPointer``, resolved once)
 with its output buffer and by-reference argument built beforehand, so the row is
 the C call plus the bare ctypes call, the least any Python caller pays; pynvml's
 wrappers (lookup, allocation, return check) are not in it (their cost is printed on
-information rows). The calls are the backend's own tables (``FAST_GETTERS``,
-``SLOW_GETTERS``, ``FAST_FIELD_IDS``, ``SLOW_FIELD_IDS``), and GPM is timed with the
+information rows). The calls are the backend's own read lists, derived from the field
+table (``getters.CALLS``, ``FAST_FIELD_IDS``, ``SLOW_FIELD_IDS``), and GPM is timed with the
 metrics the field table puts on each tier, with only the sample swap the backend
 needs between calls. Calls that cost under 200 µs are timed in batches of 10
 between two clock reads, so the per-row cost of reading the thread CPU clock (a
@@ -34,17 +34,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stepscope.gpu import libnvml
-from stepscope.gpu.fields import FIELDS_BY_KEY, GPM_METRICS
+from stepscope.gpu import pynvml_compat
+from stepscope.gpu.field_reads import FAST_FIELD_IDS, SLOW_FIELD_IDS
+from stepscope.gpu.fields import FIELDS_BY_KEY
+from stepscope.gpu.getters import CALLS, GetterSpec
+from stepscope.gpu.gpm import GPM_METRICS
 from stepscope.gpu.model import NoDriverError, Tier
-from stepscope.gpu.nvml import (
-    FAST_FIELD_IDS,
-    FAST_GETTERS,
-    SLOW_FIELD_IDS,
-    SLOW_GETTERS,
-    GetterSpec,
-    NvmlBackend,
-)
+from stepscope.gpu.nvml_backend import NvmlBackend
+
+# The plain getters of each tier, timed as C calls (the engine and license getters are not).
+FAST_GETTERS = [spec for spec in CALLS[Tier.FAST] if isinstance(spec, GetterSpec)]
+SLOW_GETTERS = [spec for spec in CALLS[Tier.SLOW] if isinstance(spec, GetterSpec)]
 
 Row = tuple[str, float, float, str]
 TARGET = 1.2  # FAST read / bare C calls, CPU
@@ -89,7 +89,7 @@ def c_getter(nv: Any, spec: GetterSpec, handle: Any) -> Callable[[], int]:
     Raises (so the row notes it) when no symbol resolves or the call does not answer
     NVML_SUCCESS.
     """
-    fn = libnvml.resolve(nv, *spec.symbols)
+    fn = pynvml_compat.resolve(nv, *spec.symbols)
     if fn is None:
         raise nv.NVMLError(nv.NVML_ERROR_FUNCTION_NOT_FOUND)
     out = spec.output()
@@ -104,7 +104,7 @@ def c_getter(nv: Any, spec: GetterSpec, handle: Any) -> Callable[[], int]:
 def c_field_values(nv: Any, handle: Any, fields: tuple[tuple[int, str], ...]) -> Callable[[], int]:
     """``nvmlDeviceGetFieldValues`` called directly with an array built once."""
     fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetFieldValues")
-    request = libnvml.FieldValueArray([fid for fid, _ in fields])
+    request = pynvml_compat.FieldValueArray([fid for fid, _ in fields])
     return lambda: fn(handle, request.count, request.array)
 
 
@@ -125,7 +125,7 @@ def main() -> int:
     except NoDriverError as exc:
         print(f"no NVIDIA driver: {exc}", file=sys.stderr)
         return 2
-    nv = libnvml.pynvml
+    nv = pynvml_compat.pynvml
 
     n, index = args.calls, args.device
     info = backend.devices()[index]
@@ -146,7 +146,7 @@ def main() -> int:
     for tier, specs, fields in (("FAST", FAST_GETTERS, FAST_FIELD_IDS),
                                 ("SLOW", SLOW_GETTERS, SLOW_FIELD_IDS)):
         for spec in specs:
-            name = f"{spec.symbols[0]}({spec.name}) (C)"
+            name = f"{spec.name} (C)"
             try:
                 timed(tier, name, c_getter(nv, spec, h))
             except nv.NVMLError as exc:  # unsupported here: noted, not in the baseline
@@ -183,7 +183,7 @@ def main() -> int:
         def sample_and_compute(ids: list[int]) -> Callable[[], Any]:
             # As the backend does it, C functions called directly: a new sample, the
             # metrics since the previous one, swap.
-            request = libnvml.GpmMetricsRequest(ids, samples)
+            request = pynvml_compat.GpmMetricsRequest(ids, samples)
             swapped = [False]
 
             def call() -> None:

@@ -244,8 +244,9 @@ def timed(call: Callable[[], Any], n: int) -> tuple[float, float]:
 def costs(nv: Any, h: Any, n: int) -> list[tuple[str, str, float, float, str]]:
     """(call, tier, µs wall, µs CPU, answer) of each NVML call the new counters added,
     made as the backend makes it, and of the backend's reads."""
-    from stepscope.gpu import libnvml
-    from stepscope.gpu.nvml import NVLINK_FIELD_IDS, NvmlBackend
+    from stepscope.gpu import pynvml_compat
+    from stepscope.gpu.field_reads import RATES
+    from stepscope.gpu.nvml_backend import NvmlBackend
 
     rows: list[tuple[str, str, float, float, str]] = []
 
@@ -260,23 +261,24 @@ def costs(nv: Any, h: Any, n: int) -> list[tuple[str, str, float, float, str]]:
         rows.append((name, tier, wall, cpu, "success" if ret == nv.NVML_SUCCESS
                      else f"nvmlReturn {ret} ({nv.nvmlErrorString(ret)})"))
 
-    mem2 = libnvml.memory_v2()
+    mem2 = pynvml_compat.memory_v2()
     c_call("nvmlDeviceGetMemoryInfo_v2 (replaces v1)", "fast", "nvmlDeviceGetMemoryInfo_v2",
            ctypes.byref(mem2))
-    mem1 = libnvml.Memory()
+    mem1 = pynvml_compat.Memory()
     c_call("  [was] nvmlDeviceGetMemoryInfo (v1)", "fast", "nvmlDeviceGetMemoryInfo",
            ctypes.byref(mem1))
     for name in ("nvmlDeviceGetEncoderUtilization", "nvmlDeviceGetDecoderUtilization"):
         util, period = ctypes.c_uint(), ctypes.c_uint()
         c_call(name, "fast", name, ctypes.byref(util), ctypes.byref(period))
-    request = libnvml.FieldValueArray([fid for fid, _ in NVLINK_FIELD_IDS],
-                                      libnvml.SCOPE_ALL_LINKS)
+    (nvlink,) = RATES  # nvlink_bandwidth_total's counters
+    request = pynvml_compat.FieldValueArray([fid for fid, _ in nvlink.field_ids],
+                                            pynvml_compat.SCOPE_ALL_LINKS)
     c_call("nvmlDeviceGetFieldValues NVLink data rx+tx, all links", "slow",
            "nvmlDeviceGetFieldValues", request.count, request.array)
     answers = ", ".join(f"{fid}: {code}" for fid, code, _ in request.answers())
     rows[-1] = (*rows[-1][:4], f"{rows[-1][4]}; per field (id: nvmlReturn) {answers}")
-    if libnvml.GridLicensableFeatures is not None:
-        features = libnvml.GridLicensableFeatures()
+    if pynvml_compat.GridLicensableFeatures is not None:
+        features = pynvml_compat.GridLicensableFeatures()
         c_call("nvmlDeviceGetGridLicensableFeatures_v4", "slow",
                "nvmlDeviceGetGridLicensableFeatures_v4", ctypes.byref(features))
     wall, cpu = timed(nv.nvmlSystemGetDriverVersion, min(n, 100))

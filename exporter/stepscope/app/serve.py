@@ -50,7 +50,7 @@ def build_backend(cfg: Config) -> GpuBackend:
         else:
             scenario = default_scenario(cfg.simulate or 1)
         return SimulatedBackend(scenario, hostname=cfg.hostname)
-    from stepscope.gpu.nvml import NvmlBackend
+    from stepscope.gpu.nvml_backend import NvmlBackend
 
     return NvmlBackend()
 

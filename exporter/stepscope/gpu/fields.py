@@ -1,10 +1,11 @@
 """The per-GPU metric table: one row per served series family.
 
-This table is the single source for three things: which keys a backend fills,
-how the sampler tiers them, and how the renderer names and types them. Names,
-types and units follow dcgm-exporter so existing dashboards and alerts work;
-what is ours is ``stepscope_*`` in Prometheus base units. docs/metrics.md is
-checked against this table by the tests.
+This table is the single source for four things: which keys a backend fills, how
+the NVML backend reads each (its binding: a getter, a field id, a GPM metric, ...,
+see :mod:`stepscope.gpu.bindings`), how the sampler tiers them, and how the renderer
+names and types them. Names, types and units follow dcgm-exporter so existing
+dashboards and alerts work; what is ours is ``stepscope_*`` in Prometheus base units.
+docs/metrics.md is checked against this table by the tests.
 """
 
 from __future__ import annotations
@@ -13,18 +14,31 @@ import enum
 from dataclasses import dataclass
 
 from stepscope.core.exposition import COUNTER, GAUGE
+from stepscope.gpu.bindings import (
+    Binding,
+    EngineUtilization,
+    FieldId,
+    FieldRate,
+    Getter,
+    Gpm,
+    LicenseStatus,
+    Violation,
+)
 from stepscope.gpu.model import Tier
 
 __all__ = ["COUNTER", "GAUGE"]  # re-exported: the table's rows name their type
+
+
+_MIB = float(2**20)
 
 
 @dataclass(frozen=True)
 class FieldSpec:
     """One per-GPU scalar metric.
 
-    ``key``: the name backends use in ``GpuReading.values``. ``source``: the NVML
-    call or field id it comes from (documentation). ``profiling``: comes from GPM,
-    absent where GPM is unsupported.
+    ``key``: the name backends use in ``GpuReading.values``. ``binding``: how the NVML
+    backend reads it (:mod:`stepscope.gpu.bindings`); its read lists are derived from
+    these. ``note``: what the docs add to the binding's own description.
     """
 
     key: str
@@ -32,15 +46,27 @@ class FieldSpec:
     type: str
     help: str
     unit: str
-    source: str
+    binding: Binding
     tier: Tier = Tier.FAST
-    profiling: bool = False
+    note: str = ""
+
+    @property
+    def profiling(self) -> bool:
+        """Comes from GPM: absent where GPM is unsupported."""
+        return isinstance(self.binding, Gpm)
+
+    @property
+    def source(self) -> str:
+        """The NVML call or field id it comes from, as the docs say it."""
+        text = self.binding.describe()
+        return f"{text} ({self.note})" if self.note else text
 
 
 def _prof(
-    key: str, name: str, help_: str, unit: str, source: str, tier: Tier = Tier.FAST
+    key: str, name: str, help_: str, unit: str, metric: str, scale: float,
+    tier: Tier = Tier.FAST,
 ) -> FieldSpec:
-    return FieldSpec(key, name, GAUGE, help_, unit, source, tier, profiling=True)
+    return FieldSpec(key, name, GAUGE, help_, unit, Gpm(f"NVML_GPM_METRIC_{metric}", scale), tier)
 
 
 FIELDS: tuple[FieldSpec, ...] = (
@@ -51,7 +77,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "GPU utilization (in %): share of time any kernel ran; not how busy the SMs were.",
         "percent",
-        "nvmlDeviceGetUtilizationRates().gpu",
+        Getter("nvmlDeviceGetUtilizationRates", "gpu"),
     ),
     FieldSpec(
         "mem_copy_util",
@@ -59,7 +85,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Memory copy utilization (in %).",
         "percent",
-        "nvmlDeviceGetUtilizationRates().memory",
+        Getter("nvmlDeviceGetUtilizationRates", "memory"),
     ),
     FieldSpec(
         "enc_util",
@@ -67,7 +93,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Encoder utilization (in %).",
         "percent",
-        "nvmlDeviceGetEncoderUtilization()",
+        EngineUtilization("nvmlDeviceGetEncoderUtilization"),
     ),
     FieldSpec(
         "dec_util",
@@ -75,7 +101,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Decoder utilization (in %).",
         "percent",
-        "nvmlDeviceGetDecoderUtilization()",
+        EngineUtilization("nvmlDeviceGetDecoderUtilization"),
     ),
     # Profiling (GPM), ratios 0-1 like DCGM's DCP fields
     _prof(
@@ -84,7 +110,8 @@ FIELDS: tuple[FieldSpec, ...] = (
         "Ratio of time the graphics engine is active (0-1), over one interval, read on the "
         "slow tier.",
         "ratio",
-        "GPM NVML_GPM_METRIC_GRAPHICS_UTIL / 100",
+        "GRAPHICS_UTIL",
+        0.01,
         # On an H200 this one GPM metric costs ~1.4 ms of CPU per computation while the
         # other fourteen cost ~1 us together: computing it every pass would be ~95% of a
         # GPU's sampling cost.
@@ -95,98 +122,112 @@ FIELDS: tuple[FieldSpec, ...] = (
         "DCGM_FI_PROF_SM_ACTIVE",
         "Ratio of cycles an SM has at least one warp assigned (0-1).",
         "ratio",
-        "GPM NVML_GPM_METRIC_SM_UTIL / 100",
+        "SM_UTIL",
+        0.01,
     ),
     _prof(
         "sm_occupancy",
         "DCGM_FI_PROF_SM_OCCUPANCY",
         "Ratio of resident warps on SMs to the maximum (0-1).",
         "ratio",
-        "GPM NVML_GPM_METRIC_SM_OCCUPANCY / 100",
+        "SM_OCCUPANCY",
+        0.01,
     ),
     _prof(
         "pipe_tensor_active",
         "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
         "Ratio of cycles any tensor pipe is active (0-1).",
         "ratio",
-        "GPM NVML_GPM_METRIC_ANY_TENSOR_UTIL / 100",
+        "ANY_TENSOR_UTIL",
+        0.01,
     ),
     _prof(
         "pipe_tensor_hmma_active",
         "stepscope_gpu_pipe_tensor_hmma_active_ratio",
         "Ratio of cycles the HMMA (fp16/bf16/tf32) tensor pipe is active (0-1).",
         "ratio",
-        "GPM NVML_GPM_METRIC_HMMA_TENSOR_UTIL / 100",
+        "HMMA_TENSOR_UTIL",
+        0.01,
     ),
     _prof(
         "pipe_tensor_imma_active",
         "stepscope_gpu_pipe_tensor_imma_active_ratio",
         "Ratio of cycles the IMMA (integer) tensor pipe is active (0-1).",
         "ratio",
-        "GPM NVML_GPM_METRIC_IMMA_TENSOR_UTIL / 100",
+        "IMMA_TENSOR_UTIL",
+        0.01,
     ),
     _prof(
         "pipe_tensor_dfma_active",
         "stepscope_gpu_pipe_tensor_dfma_active_ratio",
         "Ratio of cycles the DFMA (fp64) tensor pipe is active (0-1).",
         "ratio",
-        "GPM NVML_GPM_METRIC_DFMA_TENSOR_UTIL / 100",
+        "DFMA_TENSOR_UTIL",
+        0.01,
     ),
     _prof(
         "pipe_fp64_active",
         "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
         "Ratio of cycles the FP64 (non-tensor) pipe is active (0-1).",
         "ratio",
-        "GPM NVML_GPM_METRIC_FP64_UTIL / 100",
+        "FP64_UTIL",
+        0.01,
     ),
     _prof(
         "pipe_fp32_active",
         "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
         "Ratio of cycles the FP32 (non-tensor) pipe is active (0-1).",
         "ratio",
-        "GPM NVML_GPM_METRIC_FP32_UTIL / 100",
+        "FP32_UTIL",
+        0.01,
     ),
     _prof(
         "pipe_fp16_active",
         "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
         "Ratio of cycles the FP16 (non-tensor) pipe is active (0-1).",
         "ratio",
-        "GPM NVML_GPM_METRIC_FP16_UTIL / 100",
+        "FP16_UTIL",
+        0.01,
     ),
     _prof(
         "dram_active",
         "DCGM_FI_PROF_DRAM_ACTIVE",
         "Ratio of cycles the device memory interface is active (0-1).",
         "ratio",
-        "GPM NVML_GPM_METRIC_DRAM_BW_UTIL / 100",
+        "DRAM_BW_UTIL",
+        0.01,
     ),
     _prof(
         "pcie_tx_bytes",
         "DCGM_FI_PROF_PCIE_TX_BYTES",
         "Rate of data transmitted over PCIe, headers and payload (in bytes/s).",
         "bytes/s",
-        "GPM NVML_GPM_METRIC_PCIE_TX_PER_SEC * 2^20",
+        "PCIE_TX_PER_SEC",
+        _MIB,
     ),
     _prof(
         "pcie_rx_bytes",
         "DCGM_FI_PROF_PCIE_RX_BYTES",
         "Rate of data received over PCIe, headers and payload (in bytes/s).",
         "bytes/s",
-        "GPM NVML_GPM_METRIC_PCIE_RX_PER_SEC * 2^20",
+        "PCIE_RX_PER_SEC",
+        _MIB,
     ),
     _prof(
         "nvlink_tx_bytes",
         "DCGM_FI_PROF_NVLINK_TX_BYTES",
         "Rate of data transmitted over NVLink, all links (in bytes/s).",
         "bytes/s",
-        "GPM NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC * 2^20",
+        "NVLINK_TOTAL_TX_PER_SEC",
+        _MIB,
     ),
     _prof(
         "nvlink_rx_bytes",
         "DCGM_FI_PROF_NVLINK_RX_BYTES",
         "Rate of data received over NVLink, all links (in bytes/s).",
         "bytes/s",
-        "GPM NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC * 2^20",
+        "NVLINK_TOTAL_RX_PER_SEC",
+        _MIB,
     ),
     # A rate despite its counter type: DCGM computes it so and dcgm-exporter's default
     # counters call it a counter; both are kept so that its dashboards read the same.
@@ -198,9 +239,12 @@ FIELDS: tuple[FieldSpec, ...] = (
         "interval, in DCGM's unit: KiB/s / 1000 (a rate, though typed counter as in "
         "dcgm-exporter).",
         "KiB/s / 1000",
-        "fields NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX + _TX (KiB, all links): "
-        "difference over the interval / s / 1000, as DCGM",
+        # Neither needs a fresher reading: a rate over the slow interval is what
+        # dcgm-exporter's 30 s default gives.
+        FieldRate(("NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX",
+                   "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX"), 1000.0),
         Tier.SLOW,
+        note="counters in KiB; as DCGM computes it",
     ),
     # Clocks, thermal, power
     FieldSpec(
@@ -209,7 +253,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "SM clock frequency (in MHz).",
         "MHz",
-        "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)",
+        Getter("nvmlDeviceGetClockInfo", argument="NVML_CLOCK_SM"),
     ),
     FieldSpec(
         "mem_clock",
@@ -217,7 +261,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Memory clock frequency (in MHz).",
         "MHz",
-        "nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)",
+        Getter("nvmlDeviceGetClockInfo", argument="NVML_CLOCK_MEM"),
     ),
     FieldSpec(
         "gpu_temp",
@@ -225,7 +269,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "GPU temperature (in C).",
         "C",
-        "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
+        Getter("nvmlDeviceGetTemperature", argument="NVML_TEMPERATURE_GPU"),
     ),
     FieldSpec(
         "memory_temp",
@@ -233,7 +277,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Memory temperature (in C).",
         "C",
-        "field NVML_FI_DEV_MEMORY_TEMP",
+        FieldId("NVML_FI_DEV_MEMORY_TEMP"),
     ),
     FieldSpec(
         "power_usage",
@@ -241,7 +285,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Power draw (in W).",
         "W",
-        "nvmlDeviceGetPowerUsage() / 1000",
+        Getter("nvmlDeviceGetPowerUsage", divisor=1000.0),  # mW
     ),
     FieldSpec(
         "total_energy",
@@ -249,7 +293,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Total energy consumption since boot (in mJ).",
         "mJ",
-        "nvmlDeviceGetTotalEnergyConsumption()",
+        Getter("nvmlDeviceGetTotalEnergyConsumption"),  # ~2.8 ms CPU on an H200
         Tier.SLOW,
     ),
     # Throttling
@@ -259,7 +303,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Current clock event (throttle) reasons, NVML bitmask.",
         "bitmask",
-        "nvmlDeviceGetCurrentClocksEventReasons()",
+        Getter("nvmlDeviceGetCurrentClocksEventReasons"),
     ),
     FieldSpec(
         "thermal_violation",
@@ -267,8 +311,9 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Throttling duration due to thermal constraints (in ns).",
         "ns",
-        "fields NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN + HW_THERM_SLOWDOWN; "
-        "fallback nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_THERMAL)",
+        Violation(("NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
+                   "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN"),
+                  "NVML_PERF_POLICY_THERMAL"),
         Tier.SLOW,
     ),
     FieldSpec(
@@ -277,8 +322,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Throttling duration due to power constraints (in ns).",
         "ns",
-        "field NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP; "
-        "fallback nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_POWER)",
+        Violation(("NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP",), "NVML_PERF_POLICY_POWER"),
         Tier.SLOW,
     ),
     FieldSpec(
@@ -287,8 +331,8 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Throttling duration due to sync-boost constraints (in ns).",
         "ns",
-        "field NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST; "
-        "fallback nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_SYNC_BOOST)",
+        Violation(("NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST",),
+                  "NVML_PERF_POLICY_SYNC_BOOST"),
         Tier.SLOW,
     ),
     FieldSpec(
@@ -297,19 +341,21 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Throttling duration due to board limit constraints (in ns).",
         "ns",
-        "field NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT; "
-        "fallback nvmlDeviceGetViolationStatus(NVML_PERF_POLICY_BOARD_LIMIT)",
+        Violation(("NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT",), "NVML_PERF_POLICY_BOARD_LIMIT"),
         Tier.SLOW,
     ),
-    # Memory
+    # Memory. Version 2 as DCGM (drivers from 510 on): ``used`` without what the driver
+    # and firmware reserve, which is ``reserved``. Version 1 where the driver has no v2:
+    # its ``used`` includes the reserved memory, and there is no ``fb_reserved``.
     FieldSpec(
         "fb_used",
         "DCGM_FI_DEV_FB_USED",
         GAUGE,
         "Framebuffer memory used (in MiB), without the reserved memory.",
         "MiB",
-        "nvmlDeviceGetMemoryInfo_v2().used / 2^20; where the driver has no v2 (before "
-        "510), nvmlDeviceGetMemoryInfo().used, reserved included",
+        Getter("nvmlDeviceGetMemoryInfo_v2", "used", divisor=_MIB,
+               fallback=Getter("nvmlDeviceGetMemoryInfo", "used", divisor=_MIB)),
+        note="drivers before 510: reserved included",
     ),
     FieldSpec(
         "fb_free",
@@ -317,7 +363,8 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Framebuffer memory free (in MiB).",
         "MiB",
-        "nvmlDeviceGetMemoryInfo_v2().free / 2^20 (v1 before 510)",
+        Getter("nvmlDeviceGetMemoryInfo_v2", "free", divisor=_MIB,
+               fallback=Getter("nvmlDeviceGetMemoryInfo", "free", divisor=_MIB)),
     ),
     FieldSpec(
         "fb_reserved",
@@ -325,7 +372,8 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Framebuffer memory reserved by the driver and firmware (in MiB).",
         "MiB",
-        "nvmlDeviceGetMemoryInfo_v2().reserved / 2^20 (absent before 510)",
+        Getter("nvmlDeviceGetMemoryInfo_v2", "reserved", divisor=_MIB),
+        note="absent before driver 510",
     ),
     # Errors
     FieldSpec(
@@ -334,7 +382,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Total number of single-bit volatile ECC errors.",
         "errors",
-        "field NVML_FI_DEV_ECC_SBE_VOL_TOTAL",
+        FieldId("NVML_FI_DEV_ECC_SBE_VOL_TOTAL"),
     ),
     FieldSpec(
         "ecc_dbe_vol_total",
@@ -342,7 +390,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Total number of double-bit volatile ECC errors.",
         "errors",
-        "field NVML_FI_DEV_ECC_DBE_VOL_TOTAL",
+        FieldId("NVML_FI_DEV_ECC_DBE_VOL_TOTAL"),
     ),
     FieldSpec(
         "ecc_sbe_agg_total",
@@ -350,7 +398,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Total number of single-bit persistent ECC errors.",
         "errors",
-        "field NVML_FI_DEV_ECC_SBE_AGG_TOTAL",
+        FieldId("NVML_FI_DEV_ECC_SBE_AGG_TOTAL"),
     ),
     FieldSpec(
         "ecc_dbe_agg_total",
@@ -358,7 +406,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Total number of double-bit persistent ECC errors.",
         "errors",
-        "field NVML_FI_DEV_ECC_DBE_AGG_TOTAL",
+        FieldId("NVML_FI_DEV_ECC_DBE_AGG_TOTAL"),
     ),
     FieldSpec(
         "correctable_remapped_rows",
@@ -366,7 +414,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Number of remapped rows for correctable errors.",
         "rows",
-        "field NVML_FI_DEV_REMAPPED_COR",
+        FieldId("NVML_FI_DEV_REMAPPED_COR"),
     ),
     FieldSpec(
         "uncorrectable_remapped_rows",
@@ -374,7 +422,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Number of remapped rows for uncorrectable errors.",
         "rows",
-        "field NVML_FI_DEV_REMAPPED_UNC",
+        FieldId("NVML_FI_DEV_REMAPPED_UNC"),
     ),
     FieldSpec(
         "row_remap_pending",
@@ -382,7 +430,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Whether a row remap is pending a GPU reset (1) or not (0).",
         "bool",
-        "field NVML_FI_DEV_REMAPPED_PENDING",
+        FieldId("NVML_FI_DEV_REMAPPED_PENDING"),
     ),
     FieldSpec(
         "row_remap_failure",
@@ -390,7 +438,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         GAUGE,
         "Whether remapping of rows has failed (1) or not (0).",
         "bool",
-        "field NVML_FI_DEV_REMAPPED_FAILURE",
+        FieldId("NVML_FI_DEV_REMAPPED_FAILURE"),
     ),
     FieldSpec(
         "pcie_replay",
@@ -398,7 +446,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         COUNTER,
         "Total number of PCIe retries.",
         "retries",
-        "field NVML_FI_DEV_PCIE_REPLAY_COUNTER",
+        FieldId("NVML_FI_DEV_PCIE_REPLAY_COUNTER"),  # ~0.17 ms on an H200
         Tier.SLOW,
     ),
     FieldSpec(
@@ -408,9 +456,9 @@ FIELDS: tuple[FieldSpec, ...] = (
         "vGPU license status: 1 licensed, 0 not licensed or vGPU licensing not supported "
         "(a bare-metal GPU).",
         "bool",
-        "nvmlDeviceGetGridLicensableFeatures_v4(): 0 unless isGridLicenseSupported, else "
-        "the vGPU feature's featureState > 0",
-        Tier.SLOW,
+        LicenseStatus("nvmlDeviceGetGridLicensableFeatures_v4"),  # DCGM calls the same
+        Tier.SLOW,  # a license changes rarely
+        note="0 unless isGridLicenseSupported, else the vGPU feature's featureState > 0",
     ),
 )
 
@@ -482,37 +530,36 @@ CLOCK_EVENT_REASONS: tuple[tuple[int, str], ...] = tuple(
     (int(e), str(e.name).lower()) for e in ClockEvent
 )
 
-# Cumulative time per clock-event reason, from the non-deprecated NVML field
-# ids (slow tier). Key in GpuReading.values -> reason label value of
-# stepscope_gpu_clock_event_seconds_total. Values are stored in ns, served in s.
-CLOCK_EVENT_DURATION_KEYS: tuple[tuple[str, str], ...] = (
-    ("clock_event_ns.sw_power_cap", "sw_power_cap"),
-    ("clock_event_ns.sync_boost", "sync_boost"),
-    ("clock_event_ns.sw_thermal_slowdown", "sw_thermal_slowdown"),
-    ("clock_event_ns.hw_thermal_slowdown", "hw_thermal_slowdown"),
-    ("clock_event_ns.hw_power_brake_slowdown", "hw_power_brake_slowdown"),
-)
-SLOW_KEYS = SLOW_KEYS | frozenset(k for k, _ in CLOCK_EVENT_DURATION_KEYS)
 
-# GPM metric ids -> FieldSpec key and scale. GPM reports percentages (0-100)
-# and MiB/s; DCGM serves ratios and bytes/s.
-GPM_METRICS: tuple[tuple[int, str, float], ...] = (
-    (1, "gr_engine_active", 0.01),  # GRAPHICS_UTIL
-    (2, "sm_active", 0.01),  # SM_UTIL
-    (3, "sm_occupancy", 0.01),  # SM_OCCUPANCY
-    (5, "pipe_tensor_active", 0.01),  # ANY_TENSOR_UTIL
-    (6, "pipe_tensor_dfma_active", 0.01),  # DFMA_TENSOR_UTIL
-    (7, "pipe_tensor_hmma_active", 0.01),  # HMMA_TENSOR_UTIL
-    (9, "pipe_tensor_imma_active", 0.01),  # IMMA_TENSOR_UTIL
-    (10, "dram_active", 0.01),  # DRAM_BW_UTIL
-    (11, "pipe_fp64_active", 0.01),  # FP64_UTIL
-    (12, "pipe_fp32_active", 0.01),  # FP32_UTIL
-    (13, "pipe_fp16_active", 0.01),  # FP16_UTIL
-    (20, "pcie_tx_bytes", 1024.0 * 1024.0),  # PCIE_TX_PER_SEC (MiB/s)
-    (21, "pcie_rx_bytes", 1024.0 * 1024.0),  # PCIE_RX_PER_SEC (MiB/s)
-    (60, "nvlink_rx_bytes", 1024.0 * 1024.0),  # NVLINK_TOTAL_RX_PER_SEC (MiB/s)
-    (61, "nvlink_tx_bytes", 1024.0 * 1024.0),  # NVLINK_TOTAL_TX_PER_SEC (MiB/s)
+@dataclass(frozen=True)
+class ClockEventDuration:
+    """Cumulative time clocks were held down for one reason (ns), a non-deprecated NVML
+    field id read on the slow tier; served in s as
+    ``stepscope_gpu_clock_event_seconds_total{reason=...}``."""
+
+    reason: str  # a ClockEvent name, lower-cased
+    binding: FieldId
+
+    @property
+    def key(self) -> str:
+        """Its key in ``GpuReading.values``."""
+        return f"clock_event_ns.{self.reason}"
+
+
+CLOCK_EVENT_DURATIONS: tuple[ClockEventDuration, ...] = (
+    ClockEventDuration("sw_power_cap", FieldId("NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP")),
+    ClockEventDuration("sync_boost", FieldId("NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST")),
+    ClockEventDuration("sw_thermal_slowdown",
+                       FieldId("NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN")),
+    ClockEventDuration("hw_thermal_slowdown",
+                       FieldId("NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN")),
+    ClockEventDuration("hw_power_brake_slowdown",
+                       FieldId("NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN")),
 )
+# Key in GpuReading.values -> reason label value.
+CLOCK_EVENT_DURATION_KEYS: tuple[tuple[str, str], ...] = tuple(
+    (d.key, d.reason) for d in CLOCK_EVENT_DURATIONS)
+SLOW_KEYS = SLOW_KEYS | frozenset(k for k, _ in CLOCK_EVENT_DURATION_KEYS)
 
 
 def markdown_table() -> str:

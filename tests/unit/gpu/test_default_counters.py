@@ -4,9 +4,9 @@ Every counter of dcgm-exporter's ``etc/default-counters.csv`` is served under it
 Prometheus type. The ones read by calls beyond the first release (encoder and decoder
 utilisation, reserved framebuffer, NVLink bandwidth, vGPU license status, the driver
 version label) are checked through the NVML backend against the fake NVML of
-test_nvml_backend (both the C-function and the pynvml-wrapper paths): a real answer is
-served, "not supported" leaves the series out without an error while the other series
-stay, any other error counts as a collect error and is asked again.
+tests/support/fake_nvml.py (both the C-function and the pynvml-wrapper paths): a real
+answer is served, "not supported" leaves the series out without an error while the other
+series stay, any other error counts as a collect error and is asked again.
 """
 
 from __future__ import annotations
@@ -19,34 +19,18 @@ import pytest
 from stepscope.core.exposition import COUNTER, GAUGE
 from stepscope.gpu.fields import DEFAULT_COUNTERS, DRIVER_VERSION_LABEL, FIELDS, FIELDS_BY_KEY
 from stepscope.gpu.model import GpuUnavailable, Tier
-from stepscope.gpu.nvml import NvmlBackend
+from stepscope.gpu.nvml_backend import NvmlBackend
 from stepscope.gpu.simulated import SimulatedBackend, default_scenario
 from tests.support import make_sampler, parse_samples
-from tests.test_nvml_backend import (  # the fake NVML, and its fixture running both paths
-    FakeClock,
-    FakeGpu,
-    FakeNvml,
-    backend_for,
-    nvml_path,  # noqa: F401 (autouse fixture)
-)
+from tests.support.clocks import ManualClock
+from tests.support.fake_nvml import BOTH, FAST, SLOW, FakeGpu, FakeNvml, backend_for
 
-FAST = frozenset({Tier.FAST})
-SLOW = frozenset({Tier.SLOW})
-BOTH = frozenset({Tier.FAST, Tier.SLOW})
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
 VGPU = pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU
 ALL_LINKS = 0xFFFFFFFF
 
+pytestmark = pytest.mark.usefixtures("nvml_path")  # each test through both paths
 
-
-class Clock:
-    """One monotonic clock for the sampler and the backend, moved by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def types_of(text: str) -> dict[str, str]:
@@ -58,13 +42,13 @@ def types_of(text: str) -> dict[str, str]:
 def nvml_exposition(*gpus: FakeGpu, passes: int = 1, step: float = 10.0) -> tuple[str, FakeNvml]:
     """The text a real sampler renders over NvmlBackend and the fake NVML, after
     ``passes`` passes ``step`` seconds apart (10 s: every pass reads the slow tier)."""
-    clock = Clock()
+    clock = ManualClock(1000.0)
     fake = FakeNvml(list(gpus))
     backend = NvmlBackend(fake, clock=clock)  # type: ignore[arg-type]
     sampler = make_sampler(backend, hostname="node-1", clock=clock)
     text = ""
     for _ in range(passes):
-        clock.now += step
+        clock.t += step
         text = sampler.sample_once().body.decode()
     return text, fake
 
@@ -73,7 +57,7 @@ def nvml_exposition(*gpus: FakeGpu, passes: int = 1, step: float = 10.0) -> tupl
 
 
 def test_every_default_counter_is_served_with_dcgm_exporters_name_and_type() -> None:
-    backend = SimulatedBackend(default_scenario(2), hostname="node-1", clock=Clock())
+    backend = SimulatedBackend(default_scenario(2), hostname="node-1", clock=ManualClock(1000.0))
     text = make_sampler(backend, hostname="node-1").sample_once().body.decode()
     served, samples = types_of(text), parse_samples(text)
     for name, kind in DEFAULT_COUNTERS:
@@ -128,7 +112,7 @@ def test_an_h200_serves_its_answers_with_dcgms_units_and_types() -> None:
 
 def test_nvlink_bandwidth_is_dcgms_rate_of_the_all_links_data_counters() -> None:
     gpu = FakeGpu()
-    clock = FakeClock()
+    clock = ManualClock()
     backend, fake = backend_for(gpu, clock=clock)
     first = backend.read(0, SLOW)
     assert "nvlink_bandwidth_total" not in first.values  # no window yet
@@ -142,25 +126,25 @@ def test_nvlink_bandwidth_is_dcgms_rate_of_the_all_links_data_counters() -> None
     # 18 links each move 40,000 KiB rx and 60,000 KiB tx over 10 s: 1.8e6 KiB,
     # 180,000 KiB/s, which DCGM divides by 1000
     gpu.nvlink_kib = [(rx + 40_000, tx + 60_000) for rx, tx in gpu.nvlink_kib]
-    clock.now += 10.0
+    clock.t += 10.0
     second = backend.read(0, SLOW)
     assert second.values["nvlink_bandwidth_total"] == pytest.approx(180.0)
     assert second.errors == 0
     assert "nvlink_data_rx_kib" not in second.values  # the raw counters are not served
-    clock.now += 10.0
+    clock.t += 10.0
     assert backend.read(0, SLOW).values["nvlink_bandwidth_total"] == 0
 
 
 def test_nvlink_counters_that_go_back_give_no_reading_rather_than_a_negative_one() -> None:
     gpu = FakeGpu()
-    clock = FakeClock()
+    clock = ManualClock()
     backend, _ = backend_for(gpu, clock=clock)
     backend.read(0, SLOW)
     gpu.nvlink_kib = [(0, 0)] * 18  # the driver reloaded: counters restart
-    clock.now += 10.0
+    clock.t += 10.0
     assert "nvlink_bandwidth_total" not in backend.read(0, SLOW).values
     gpu.nvlink_kib = [(5_000, 5_000)] * 18
-    clock.now += 10.0
+    clock.t += 10.0
     assert backend.read(0, SLOW).values["nvlink_bandwidth_total"] == pytest.approx(18.0)
 
 
@@ -189,10 +173,10 @@ def test_unsupported_new_calls_are_absent_without_errors_and_the_rest_still_serv
         "nvmlDeviceGetDecoderUtilization": pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
         "nvmlDeviceGetGridLicensableFeatures_v4": NOT_SUPPORTED,
     })
-    clock = FakeClock()
+    clock = ManualClock()
     backend, fake = backend_for(gpu, clock=clock)
     for _ in range(3):
-        clock.now += 10.0
+        clock.t += 10.0
         reading = backend.read(0, BOTH)
         assert reading.errors == 0
         assert not {"enc_util", "dec_util", "vgpu_license_status",
@@ -232,7 +216,7 @@ def test_a_driver_without_memory_info_v2_serves_v1_used_and_no_reserved() -> Non
 
     fake._nvmlGetFunctionPointer = old_driver  # type: ignore[method-assign]
     fake._c_memory_v2 = lambda *args: pynvml.NVML_ERROR_FUNCTION_NOT_FOUND  # type: ignore
-    backend = NvmlBackend(fake, clock=FakeClock())  # type: ignore[arg-type]
+    backend = NvmlBackend(fake, clock=ManualClock())  # type: ignore[arg-type]
     for _ in range(2):
         reading = backend.read(0, FAST)
         assert (reading.values["fb_used"], reading.values["fb_free"]) == (1575, 142196)
@@ -267,16 +251,16 @@ def test_a_license_query_that_says_the_gpu_is_lost_marks_it_down() -> None:
 def test_an_nvlink_counter_error_is_a_collect_error_and_no_reading() -> None:
     rx = pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX
     gpu = FakeGpu(field_errors={rx: pynvml.NVML_ERROR_NO_DATA})
-    clock = FakeClock()
+    clock = ManualClock()
     backend, _ = backend_for(gpu, clock=clock)
     for _ in range(2):
-        clock.now += 10.0
+        clock.t += 10.0
         reading = backend.read(0, SLOW)
         assert "nvlink_bandwidth_total" not in reading.values and reading.errors == 1
     del gpu.field_errors[rx]
-    clock.now += 10.0
+    clock.t += 10.0
     assert "nvlink_bandwidth_total" not in backend.read(0, SLOW).values  # a new window
-    clock.now += 10.0
+    clock.t += 10.0
     assert backend.read(0, SLOW).values["nvlink_bandwidth_total"] == 0
 
 
@@ -308,9 +292,9 @@ def test_an_unknown_driver_version_leaves_the_label_out_rather_than_empty(
 
 
 def test_the_simulated_twin_serves_plausible_values_for_the_new_counters() -> None:
-    clock = Clock()
+    clock = ManualClock(1000.0)
     backend = SimulatedBackend(default_scenario(4), hostname="node-1", clock=clock)
-    clock.now += 60.0
+    clock.t += 60.0
     v = backend.read(0, BOTH).values
     assert (v["enc_util"], v["dec_util"], v["vgpu_license_status"]) == (0, 0, 0)
     assert v["fb_used"] + v["fb_free"] + v["fb_reserved"] == 81559

@@ -22,6 +22,7 @@ from stepscope.gpu.simulated import (
     parse_scenario,
 )
 from tests.support import make_sampler
+from tests.support.clocks import ManualClock
 
 FAST = frozenset({Tier.FAST})
 SLOW = frozenset({Tier.SLOW})
@@ -32,24 +33,14 @@ COUNTER_KEYS = {f.key for f in FIELDS if f.type == COUNTER} - {"nvlink_bandwidth
     k for k, _ in CLOCK_EVENT_DURATION_KEYS}
 
 
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self, t: float = 5000.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def sim(spec: Mapping[str, object] | str, hostname: str = "node-a"
-        ) -> tuple[SimulatedBackend, FakeClock]:
-    clock = FakeClock()
+        ) -> tuple[SimulatedBackend, ManualClock]:
+    clock = ManualClock(5000.0)
     scenario = parse_scenario(spec) if not isinstance(spec, str) else load_scenario(spec)
     return SimulatedBackend(scenario, hostname=hostname, clock=clock), clock
 
 
-def at(backend: SimulatedBackend, clock: FakeClock, t: float, index: int,
+def at(backend: SimulatedBackend, clock: ManualClock, t: float, index: int,
        tiers: frozenset[Tier] = BOTH) -> Mapping[str, float]:
     clock.t = 5000.0 + t
     return backend.read(index, tiers).values
@@ -58,7 +49,7 @@ def at(backend: SimulatedBackend, clock: FakeClock, t: float, index: int,
 # --- identity -------------------------------------------------------------------
 
 def test_simulate_8_is_eight_distinct_h100s_with_stable_identities() -> None:
-    backend = SimulatedBackend(default_scenario(8), hostname="node-a", clock=FakeClock())
+    backend = SimulatedBackend(default_scenario(8), hostname="node-a", clock=ManualClock(5000.0))
     infos = backend.devices()
     assert [i.index for i in infos] == list(range(8))
     assert len({i.uuid for i in infos}) == 8
@@ -73,14 +64,14 @@ def test_simulate_8_is_eight_distinct_h100s_with_stable_identities() -> None:
         assert info.mig_mode == "disabled"
         assert info.profiling_supported
         assert info.device == f"nvidia{info.index}"
-    again = SimulatedBackend(default_scenario(8), hostname="node-a", clock=FakeClock())
+    again = SimulatedBackend(default_scenario(8), hostname="node-a", clock=ManualClock(5000.0))
     assert again.devices() == infos  # deterministic
-    other = SimulatedBackend(default_scenario(8), hostname="node-b", clock=FakeClock())
+    other = SimulatedBackend(default_scenario(8), hostname="node-b", clock=ManualClock(5000.0))
     assert not {i.uuid for i in other.devices()} & {i.uuid for i in infos}
 
 
 def test_sixty_four_gpus_keep_distinct_bus_ids() -> None:
-    backend = SimulatedBackend(default_scenario(64), clock=FakeClock())
+    backend = SimulatedBackend(default_scenario(64), clock=ManualClock(5000.0))
     assert len({i.pci_bus_id for i in backend.devices()}) == 64
     assert backend.name == "simulated"
 
@@ -384,7 +375,7 @@ def test_out_of_range_index_is_a_caller_bug() -> None:
 # --- served end to end ----------------------------------------------------------
 
 def test_the_sampler_serves_every_dcgm_family_from_a_simulated_node() -> None:
-    clock = FakeClock()
+    clock = ManualClock(5000.0)
     backend = SimulatedBackend(load_scenario("faults"), hostname="node-a", clock=clock)
     sampler = make_sampler(backend, clock=clock, wall_clock=lambda: 1.7e9)
     for _ in range(45):

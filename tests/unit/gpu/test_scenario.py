@@ -16,6 +16,7 @@ from stepscope.gpu.scenario import (
     parse_scenario,
     shipped_scenarios,
 )
+from tests.support import REPO
 
 
 def test_the_shipped_examples_are_there_and_all_load() -> None:
@@ -226,7 +227,7 @@ def test_a_file_error_names_the_file(tmp_path: Path) -> None:
         load_scenario(f)
 
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "scenarios.md"
+DOC = REPO / "docs" / "scenarios.md"
 
 
 def test_the_docs_describe_every_key_and_model_and_their_examples_load() -> None:

@@ -1,7 +1,7 @@
 """NvmlBackend on a real NVIDIA GPU (skipped where there is no driver).
 
-Run on a GPU machine with ``pytest -m gpu tests/test_nvml_real.py -s`` (``-s`` prints
-the readings, evidence for docs/validation/).
+Run on a GPU machine with ``pytest -m gpu tests/unit/gpu/test_nvml_real.py -s`` (``-s``
+prints the readings, evidence for docs/validation/).
 """
 
 from __future__ import annotations
@@ -12,16 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from stepscope.gpu import libnvml
+from stepscope.gpu import pynvml_compat
 from stepscope.gpu.fields import FIELDS_BY_KEY, PROFILING_KEYS
+from stepscope.gpu.getters import CALLS, GetterSpec
 from stepscope.gpu.model import NoDriverError, Tier
-from stepscope.gpu.nvml import (
-    FAST_ENGINE_GETTERS,
-    FAST_GETTERS,
-    LICENSE_SYMBOL,
-    SLOW_GETTERS,
-    NvmlBackend,
-)
+from stepscope.gpu.nvml_backend import NvmlBackend
 
 pytestmark = pytest.mark.gpu
 
@@ -61,12 +56,13 @@ def test_every_gpu_is_listed_with_its_identity(backend: NvmlBackend) -> None:
 def test_every_per_read_call_goes_straight_to_the_driver(backend: NvmlBackend) -> None:
     # A symbol that does not resolve falls back to pynvml's wrapper: correct, but it
     # costs about as much again as the call (see benchmarks/nvml_call_cost.py).
-    symbols = [spec.symbols for spec in FAST_GETTERS + SLOW_GETTERS]
-    symbols += [(spec.symbol,) for spec in FAST_ENGINE_GETTERS] + [(LICENSE_SYMBOL,)]
+    symbols = [spec.symbols if isinstance(spec, GetterSpec) else (spec.symbol,)
+               for spec in CALLS[Tier.FAST] + CALLS[Tier.SLOW]]
     symbols.append(("nvmlDeviceGetFieldValues",))
     if any(gpu.profiling_supported for gpu in backend.devices()):
         symbols += [("nvmlGpmSampleGet",), ("nvmlGpmMetricsGet",)]
-    assert [s for s in symbols if libnvml.resolve(libnvml.pynvml, *s) is None] == []
+    nvml = pynvml_compat.pynvml
+    assert [s for s in symbols if pynvml_compat.resolve(nvml, *s) is None] == []
 
 
 def test_fast_and_slow_tiers_read_their_keys(backend: NvmlBackend) -> None:

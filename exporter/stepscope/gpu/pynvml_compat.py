@@ -1,11 +1,14 @@
-"""NVML compatibility layer: pynvml's codes, plain ctypes mirrors, value decoding, one error policy.
+"""The one compatibility layer over pynvml: NVML's codes, plain ctypes mirrors, value
+decoding, one error policy.
 
-Everything the GPU backend (:mod:`stepscope.gpu.nvml`) needs to talk to NVML through
-any nvidia-ml-py from 12.535 on, and nothing about devices:
+Everything the NVML backend (:mod:`stepscope.gpu.nvml_backend` and the modules it reads
+through) needs to talk to NVML through any nvidia-ml-py from 12.535 on, and nothing
+about devices or about which key a call fills (that is the field table's binding):
 
 - NVML's return codes, field ids and enums, re-exported from pynvml under their own
   names; ``getattr(pynvml, name, default)`` only for the few that nvidia-ml-py 12.535
-  lacks (the default is the value in nvml.h).
+  lacks (the default is the value in nvml.h). :func:`constant` resolves a name a
+  binding gives.
 - Plain ctypes twins of pynvml's structs (:func:`plain_ctype`), the reusable
   ``nvmlFieldValue_t`` and ``nvmlGpmMetricsGet_t`` requests and their decoding with one
   ``struct`` unpack (:class:`FieldValueArray`, :class:`GpmMetricsRequest`).
@@ -66,7 +69,7 @@ NVML_ERROR_DEPRECATED: int = pynvml.NVML_ERROR_DEPRECATED
 NVML_ERROR_GPU_NOT_FOUND: int = getattr(pynvml, "NVML_ERROR_GPU_NOT_FOUND", 28)
 NVML_ERROR_UNKNOWN: int = pynvml.NVML_ERROR_UNKNOWN
 
-#: Field ids (NVML_FI_DEV_*) the backend reads with nvmlDeviceGetFieldValues.
+#: Field ids (NVML_FI_DEV_*).
 NVML_FI_DEV_ECC_SBE_VOL_TOTAL: int = pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL
 NVML_FI_DEV_ECC_DBE_VOL_TOTAL: int = pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL
 NVML_FI_DEV_ECC_SBE_AGG_TOTAL: int = pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL
@@ -106,7 +109,7 @@ NVML_VALUE_TYPE_SIGNED_LONG_LONG: int = pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG
 NVML_VALUE_TYPE_SIGNED_INT: int = pynvml.NVML_VALUE_TYPE_SIGNED_INT
 NVML_VALUE_TYPE_UNSIGNED_SHORT: int = getattr(pynvml, "NVML_VALUE_TYPE_UNSIGNED_SHORT", 6)
 
-#: Arguments of the getters and of the violation-status fallback.
+#: Arguments of the getters and of the violation-status fallback, and other enums.
 NVML_CLOCK_SM: int = pynvml.NVML_CLOCK_SM
 NVML_CLOCK_MEM: int = pynvml.NVML_CLOCK_MEM
 NVML_TEMPERATURE_GPU: int = pynvml.NVML_TEMPERATURE_GPU
@@ -122,6 +125,18 @@ nvmlMemory_v2: int = pynvml.nvmlMemory_v2
 NVML_GRID_LICENSE_FEATURE_CODE_VGPU: int = pynvml.NVML_GRID_LICENSE_FEATURE_CODE_VGPU
 #: The scopeId of a field value that asks for the sum over every NVLink (nvml.h: UINT_MAX).
 SCOPE_ALL_LINKS = 0xFFFFFFFF
+
+
+def constant(name: str) -> int:
+    """NVML's constant ``name`` (a field id, a GPM metric id, an argument): as this module
+    re-exports it, nvml.h's value where an old pynvml lacks it; else pynvml's own.
+
+    Raises AttributeError when neither has it (a binding naming a constant that is not).
+    """
+    value = globals().get(name)
+    if not isinstance(value, int):
+        value = getattr(pynvml, name)
+    return int(value)
 
 
 # ----------------------------------------------------------------- error policy
