@@ -12,6 +12,7 @@ DASHBOARDS_DIR = Path("dashboards")
 PROMETHEUS_DIR = Path("deploy/prometheus")
 CHART_DIR = Path("helm/stepscope")
 MANIFESTS_DIR = Path("deploy/kubernetes")
+METRICS_DOC = Path("docs/metrics.md")
 CHART = REPO / CHART_DIR
 
 # The Kubernetes version the chart is linted and rendered for, and the manifests

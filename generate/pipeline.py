@@ -16,8 +16,15 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from generate import chart_copies, chart_package, dashboards, manifests, rules
-from generate.constants import CHART_DIR, DASHBOARDS_DIR, MANIFESTS_DIR, PROMETHEUS_DIR, REPO
+from generate import chart_copies, chart_package, dashboards, field_table, manifests, rules
+from generate.constants import (
+    CHART_DIR,
+    DASHBOARDS_DIR,
+    MANIFESTS_DIR,
+    METRICS_DOC,
+    PROMETHEUS_DIR,
+    REPO,
+)
 
 NO_HELM = (
     "python -m generate renders the chart with the Helm engine in-process: "
@@ -31,6 +38,7 @@ def _chart_copies(repo: Path) -> list[str]:
 
 # Each step takes a checkout and returns one line per file it changed.
 STEPS: tuple[Callable[[Path], list[str]], ...] = (
+    field_table.write,
     dashboards.write,
     rules.write,
     # copies the two above into the chart, so after them
@@ -39,7 +47,7 @@ STEPS: tuple[Callable[[Path], list[str]], ...] = (
     manifests.write,
 )
 # every folder a step reads or writes: --check runs the steps on a copy of these
-TREES = (DASHBOARDS_DIR, PROMETHEUS_DIR, CHART_DIR, MANIFESTS_DIR)
+TREES = (DASHBOARDS_DIR, PROMETHEUS_DIR, CHART_DIR, MANIFESTS_DIR, METRICS_DOC.parent)
 _SKIP = "__pycache__"
 
 

@@ -1,7 +1,7 @@
 """The Grafana dashboards: generated from code, consistent, and reading what exists.
 
 No Grafana server runs here: the dashboards are proven by their structure, by their
-generator, and (tests/test_prometheus_e2e.py) by every query returning data from a real
+generator, and (tests/e2e/test_prometheus.py) by every query returning data from a real
 Prometheus scraping simulated nodes.
 """
 

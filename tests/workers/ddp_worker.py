@@ -1,6 +1,6 @@
 """One rank of a real 2-process DDP job (gloo, CPU) reporting through StepReporter.
 
-Started by tests/test_train_exporter_e2e.py with torchrun-style environment
+Started by tests/e2e/test_train_exporter.py with torchrun-style environment
 variables; argv: ingest URL, GPU UUID to report, job name, steps, tokens per step,
 FLOPs per token, seconds rank 1 sleeps before each backward (0 = none), seconds the
 DataLoader's collate sleeps per batch (0 = none: a data-starved loader otherwise).

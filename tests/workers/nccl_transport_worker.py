@@ -1,4 +1,4 @@
-"""A rank that opts in to NCCL transport reporting, for tests/test_nccl_transport.py.
+"""A rank that opts in to NCCL transport reporting, for tests/unit/train/test_nccl_transport.py.
 
 argv: ingest URL, job, steps, the NCCL debug log to replay. torch.distributed runs on
 gloo (CPU): NCCL cannot run here, so once the reporter has pointed NCCL's debug output

@@ -8,7 +8,7 @@ GPU, its states; the host readings and, per pid, its process readings; per snaps
 its time and RDMA counters. A pass touches each rank O(1) (plus the samples that expire),
 so the diagnosis costs O(ranks) per pass, not O(ranks × window). Every figure is made
 from the same operands, in the same order, as a computation over the whole window would
-use: the verdicts are identical to one made from scratch (tests/test_diagnosis_incremental.py).
+use: the verdicts are identical to one made from scratch (tests/unit/diagnose/test_window.py).
 """
 
 from __future__ import annotations

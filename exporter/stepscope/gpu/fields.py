@@ -563,7 +563,7 @@ SLOW_KEYS = SLOW_KEYS | frozenset(k for k, _ in CLOCK_EVENT_DURATION_KEYS)
 
 
 def markdown_table() -> str:
-    """The per-GPU field table as Markdown (docs/metrics.md embeds it; a test checks)."""
+    """The per-GPU field table as Markdown (docs/metrics.md embeds it: python -m generate)."""
     rows = [
         "| Metric | Type | Unit | Tier | Source (NVML) |",
         "| --- | --- | --- | --- | --- |",
@@ -577,6 +577,3 @@ def markdown_table() -> str:
                 "a label of every DCGM_FI_* series |")
     return "\n".join(rows) + "\n"
 
-
-if __name__ == "__main__":
-    print(markdown_table(), end="")
