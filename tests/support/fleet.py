@@ -1,5 +1,5 @@
 """A simulated fleet on one machine, scraped by a real Prometheus: what the fleet test
-(tests/test_diagnose_fleet.py) and the onset benchmark (benchmarks/bench_fleet_onset.py)
+(tests/e2e/test_diagnose_fleet.py) and the onset benchmark (benchmarks/bench_fleet_onset.py)
 share.
 
 ``nodes`` `stepscope serve` processes (one simulated H100 each, distinct ``--hostname``,
