@@ -155,7 +155,7 @@ def main() -> int:
     mfu_indep = tok_s * fpt / PEAK_BF16
     text = scrapes[-1]
     (args.out / "train_metrics.txt").write_text(text)
-    served = [series(t, "stepscope_mfu_ratio", 'job="h200-validation"') for t in scrapes]
+    served = [series(t, "stepscope_mfu_ratio", 'training_job="h200-validation"') for t in scrapes]
     served_vals = [v[0] for v in served if v]
     mfu_served = served_vals[-1] if served_vals else math.nan
     diff = (mfu_served - mfu_indep) / mfu_indep * 100

@@ -23,7 +23,7 @@ Checks (PASS / FAIL / SKIP each; exit 0 only when none FAILs):
    rank with the slowed rank named in the evidence, and the slowed rank not waiting.
 5. rules: the scraped step counters of the straggler phase become a promtool unit test
    of ``deploy/prometheus/rules/stepscope-recording.yml``: the slowed rank's
-   ``job_rank:stepscope_straggler_score:ratio`` is the job's unique maximum.
+   ``training_job_rank:stepscope_straggler_score:ratio`` is the job's unique maximum.
 6. nccl: ``stepscope nccl-check`` over the DDP phase's per-rank ``NCCL_DEBUG=INFO`` files
    (SKIP with ``--cpu``: gloo writes no NCCL log).
 

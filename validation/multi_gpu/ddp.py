@@ -34,7 +34,7 @@ def check_ddp(run: Run, ph: dict[str, Any], info: list[dict[str, str]]) -> list[
     rinfo = {
         int(lbl["rank"]): lbl
         for n, lbl, _ in smp
-        if n == "stepscope_training_rank_info" and lbl.get("job") == job
+        if n == "stepscope_training_rank_info" and lbl.get("training_job") == job
     }
     gpu_of = {g["UUID"]: g["gpu"] for g in info}
     rows = []

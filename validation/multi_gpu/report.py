@@ -24,7 +24,8 @@ def rank_values(smp: list[Sample], name: str, job: str, **match: str) -> dict[in
     return {
         int(lbl["rank"]): v
         for n, lbl, v in smp
-        if n == name and lbl.get("job") == job and all(lbl.get(k) == w for k, w in match.items())
+        if n == name and lbl.get("training_job") == job
+        and all(lbl.get(k) == w for k, w in match.items())
     }
 
 

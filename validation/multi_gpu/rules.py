@@ -29,13 +29,13 @@ def check_rules(run: Run, ph: dict[str, Any]) -> None:
     for i, text in ph["scrapes"]:
         last = max(last, i)
         for n, lbl, v in samples(text):
-            if n in wanted and lbl.get("job") == job:
+            if n in wanted and lbl.get("training_job") == job:
                 series.setdefault(selector(n, lbl), {})[i] = v
     inputs = [{"series": s, "values": " ".join(
         repr(vals[i]) if i in vals else "_" for i in range(last + 1))}
         for s, vals in sorted(series.items())]  # fmt: skip
-    score = f'job_rank:stepscope_straggler_score:ratio{{job="{job}"}}'
-    top = f'job:stepscope_straggler_score:max{{job="{job}"}}'
+    score = f'training_job_rank:stepscope_straggler_score:ratio{{training_job="{job}"}}'
+    top = f'training_job:stepscope_straggler_score:max{{training_job="{job}"}}'
     test: dict[str, Any] = {
         "rule_files": [RULES.name],
         "evaluation_interval": "1s",
@@ -124,7 +124,7 @@ def check_rules(run: Run, ph: dict[str, Any]) -> None:
         ok,
         (
             f"promtool test rules: rank {a.slow_rank}'s "
-            "job_rank:stepscope_straggler_score:ratio is the job's unique maximum "
+            "training_job_rank:stepscope_straggler_score:ratio is the job's unique maximum "
             f"({len(inputs)} input series, {last + 1} s at 1 s)"
         )
         if ok
@@ -146,7 +146,7 @@ def check_rules(run: Run, ph: dict[str, Any]) -> None:
     )
     run.rep.add(
         *table(
-            ["rank", "job_rank:stepscope_straggler_score:ratio"],
+            ["rank", "training_job_rank:stepscope_straggler_score:ratio"],
             [
                 [r, f"{s:.3f}" + (" (slowed)" if r == a.slow_rank else "")]
                 for r, s in sorted(scores.items())

@@ -84,7 +84,7 @@ def check_straggler(run: Run, ph: dict[str, Any]) -> None:
     bott = {
         int(lbl["rank"]): lbl["kind"]
         for n, lbl, v in smp
-        if n == "stepscope_bottleneck" and lbl.get("job") == job and v == 1
+        if n == "stepscope_bottleneck" and lbl.get("training_job") == job and v == 1
     }
     rows = []
     for r in range(a.ranks):
