@@ -19,6 +19,7 @@ import dockerfile
 import pytest
 
 from tests.support import REPO, parse_samples
+from tests.support.exporter import served_address
 
 Instruction = dockerfile.Command
 
@@ -285,8 +286,7 @@ def test_image_install_has_its_extras_and_serves_simulated_gpus(image_venv: Path
             if not line:
                 break
             seen.append(line)
-            if " on http" in line and "/metrics" in line:
-                address = line.rsplit("://", 1)[1].split("/metrics")[0]
+            address = served_address(line) or address
         assert address, "".join(seen)
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as resp:
             samples = parse_samples(resp.read().decode())

@@ -19,39 +19,18 @@ import pytest
 import yaml
 
 from generate import manifests
-from generate.constants import CHART, KUBE_VERSION, MANIFESTS_DIR, MONITORING_API
+from generate.constants import CHART, KUBE_VERSION, MANIFESTS_DIR
 from tests.support import REPO, promtool
-
-RULES = REPO / "deploy" / "prometheus" / "rules"
-DASHBOARDS = REPO / "dashboards" / "json"
-CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-
-
-def rendered_objects(
-    values: dict[str, Any] | None = None, *, operator: bool = True, chart: Path = CHART
-) -> list[dict[str, Any]]:
-    apis = (MONITORING_API,) if operator else ()
-    out = manifests.render_chart(
-        values, chart=chart, api_versions=apis, kube_version=f"v{KUBE_VERSION}"
-    )
-    objs: list[dict[str, Any]] = manifests.objects(out)
-    return objs
-
-
-def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in objs if o["kind"] == kind]
-
-
-def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = by_kind(objs, kind)
-    assert len(found) == 1, f"{len(found)} {kind}"
-    return found[0]
-
-
-def _ci(path: Path) -> dict[str, Any]:
-    values: dict[str, Any] = yaml.safe_load(path.read_text())
-    return values
-
+from tests.support.chart import (
+    CI_VALUES,
+    DASHBOARDS,
+    RULES,
+    by_kind,
+    ci_values,
+    one,
+    pod_spec,
+    rendered_objects,
+)
 
 VALUE_SETS = [pytest.param(None, id="default")] + [
     pytest.param(p, id=p.name.removesuffix("-values.yaml")) for p in CI_VALUES
@@ -63,13 +42,8 @@ def default_objects() -> list[dict[str, Any]]:
     return rendered_objects()
 
 
-def _pod(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    spec: dict[str, Any] = one(objs, "DaemonSet")["spec"]["template"]["spec"]
-    return spec
-
-
 def _main(objs: list[dict[str, Any]]) -> dict[str, Any]:
-    containers = _pod(objs)["containers"]
+    containers = pod_spec(objs)["containers"]
     assert [c["name"] for c in containers] == ["stepscope"]
     main: dict[str, Any] = containers[0]
     return main
@@ -92,7 +66,7 @@ def test_ci_values_exist() -> None:
 def test_helm_lint_strict_is_clean(values_file: Path | None) -> None:
     import helm_python
 
-    values = _ci(values_file) if values_file else None
+    values = ci_values(values_file) if values_file else None
     report = helm_python.lint(CHART, values, strict=True, kube_version=f"v{KUBE_VERSION}")
     problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
     assert not problems, problems
@@ -100,7 +74,7 @@ def test_helm_lint_strict_is_clean(values_file: Path | None) -> None:
 
 @pytest.mark.parametrize("values_file", VALUE_SETS)
 def test_every_object_passes_kubernetes_validate_strict(values_file: Path | None) -> None:
-    objs = rendered_objects(_ci(values_file) if values_file else None)
+    objs = rendered_objects(ci_values(values_file) if values_file else None)
     assert objs
     for obj in objs:
         if obj["apiVersion"].startswith("monitoring.coreos.com/"):
@@ -154,7 +128,7 @@ def test_values_schema_rejects_bad_values() -> None:
 def test_daemonset_runs_non_root_without_privilege_or_capabilities() -> None:
     # pod attribution off: nothing needs root (with it on, see the pod-resources tests)
     objs = rendered_objects({"podResources": {"enabled": False}})
-    pod = _pod(objs)
+    pod = pod_spec(objs)
     main = _main(objs)
     assert "runAsUser" not in main["securityContext"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -192,7 +166,7 @@ def _admission_rejections(objs: list[dict[str, Any]], cluster: dict[str, set[str
     provided = {k: set(v) for k, v in cluster.items()}
     for o in objs:
         provided.setdefault(o["kind"], set()).add(o["metadata"]["name"])
-    pod = _pod(objs)
+    pod = pod_spec(objs)
     problems = []
     rc = pod.get("runtimeClassName")
     if rc and rc not in provided.get("RuntimeClass", set()):
@@ -207,7 +181,7 @@ def test_default_pods_are_admitted_on_a_stock_eks_gpu_cluster(
     default_objects: list[dict[str, Any]],
 ) -> None:
     assert _admission_rejections(default_objects, STOCK_EKS) == []
-    assert "runtimeClassName" not in _pod(default_objects), "the node's default runtime"
+    assert "runtimeClassName" not in pod_spec(default_objects), "the node's default runtime"
 
 
 def test_naming_a_runtime_class_the_cluster_lacks_is_what_admission_rejects() -> None:
@@ -236,8 +210,8 @@ def _requested_devices(container: dict[str, Any], volumes: dict[str, Any]) -> li
 
 
 def test_bottlerocket_volume_mounts_request_every_gpu_as_the_toolkit_reads_it() -> None:
-    objs = rendered_objects(_ci(CHART / "ci" / "bottlerocket-values.yaml"))
-    pod, main = _pod(objs), _main(objs)
+    objs = rendered_objects(ci_values(CHART / "ci" / "bottlerocket-values.yaml"))
+    pod, main = pod_spec(objs), _main(objs)
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert _requested_devices(main, volumes) == ["all"]
     (request,) = [v for v in pod["volumes"] if v["name"] == "nvidia-device-request"]
@@ -246,7 +220,7 @@ def test_bottlerocket_volume_mounts_request_every_gpu_as_the_toolkit_reads_it() 
     assert main["securityContext"]["privileged"] is False
     assert {e["name"]: e.get("value") for e in main["env"]}["NVIDIA_VISIBLE_DEVICES"] == "all"
     # the default asks through the variable only, which Bottlerocket ignores
-    default_pod = _pod(rendered_objects())
+    default_pod = pod_spec(rendered_objects())
     default_volumes = {v["name"]: v for v in default_pod["volumes"]}
     assert _requested_devices(default_pod["containers"][0], default_volumes) == []
 
@@ -263,9 +237,9 @@ def test_only_the_socket_directory_init_step_has_a_capability_and_it_is_chown(
     default_objects: list[dict[str, Any]],
 ) -> None:
     # the directory goes to the exporter's user: root with pod attribution (the default)
-    (init,) = _pod(default_objects)["initContainers"]
+    (init,) = pod_spec(default_objects)["initContainers"]
     assert init["command"] == ["chown", "0:10001", "/run/stepscope"]
-    (init,) = _pod(rendered_objects({"podResources": {"enabled": False}}))["initContainers"]
+    (init,) = pod_spec(rendered_objects({"podResources": {"enabled": False}}))["initContainers"]
     assert init["command"] == ["chown", "10001:10001", "/run/stepscope"]
     sc = init["securityContext"]
     assert sc["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN"]}
@@ -276,7 +250,7 @@ def test_only_the_socket_directory_init_step_has_a_capability_and_it_is_chown(
 def test_daemonset_lands_on_gpu_nodes_tolerating_their_taint(
     default_objects: list[dict[str, Any]],
 ) -> None:
-    pod = _pod(default_objects)
+    pod = pod_spec(default_objects)
     terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
@@ -291,7 +265,7 @@ def test_daemonset_lands_on_gpu_nodes_tolerating_their_taint(
 def test_daemonset_names_the_node_probes_health_and_shares_the_ingest_socket(
     default_objects: list[dict[str, Any]],
 ) -> None:
-    pod = _pod(default_objects)
+    pod = pod_spec(default_objects)
     main = _main(default_objects)
     env = {e["name"]: e for e in main["env"]}
     assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
@@ -345,7 +319,7 @@ def test_service_monitor_has_what_the_operator_requires(
 
 
 def test_full_values_pod_monitor_tls_basic_auth_and_dcgm_coexistence() -> None:
-    objs = rendered_objects(_ci(CHART / "ci" / "full-values.yaml"))
+    objs = rendered_objects(ci_values(CHART / "ci" / "full-values.yaml"))
     pm = one(objs, "PodMonitor")
     ds_labels = one(objs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     assert pm["spec"]["selector"]["matchLabels"].items() <= ds_labels.items()
@@ -384,9 +358,9 @@ def test_tls_without_basic_auth_keeps_http_probes_over_https() -> None:
 
 
 def test_minimal_values_render_just_the_daemonset() -> None:
-    objs = rendered_objects(_ci(CHART / "ci" / "minimal-values.yaml"))
+    objs = rendered_objects(ci_values(CHART / "ci" / "minimal-values.yaml"))
     assert {o["kind"] for o in objs} == {"DaemonSet"}
-    pod = _pod(objs)
+    pod = pod_spec(objs)
     assert "initContainers" not in pod and "runtimeClassName" not in pod
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert {v["name"]: v for v in pod["volumes"]}["ingest"] == {"name": "ingest", "emptyDir": {}}
@@ -516,7 +490,7 @@ def test_pod_attribution_mounts_the_kubelet_socket_read_only_and_adds_uid_0_only
     """On by default: the kubelet's pod-resources directory read-only, the socket named to
     the exporter, and root (the kubelet's socket is root's 0755) as the one privilege
     added: no capability, no escalation, read-only root file system."""
-    pod, main = _pod(default_objects), _main(default_objects)
+    pod, main = pod_spec(default_objects), _main(default_objects)
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["pod-resources"]["hostPath"] == {
         "path": "/var/lib/kubelet/pod-resources", "type": "DirectoryOrCreate"}
@@ -535,10 +509,10 @@ def test_pod_attribution_mounts_the_kubelet_socket_read_only_and_adds_uid_0_only
     assert ds["metadata"]["annotations"]["stepscope.io/pod-security-level"] == "privileged"
 
     off = rendered_objects({"podResources": {"enabled": False}})
-    assert "pod-resources" not in {v["name"] for v in _pod(off)["volumes"]}
+    assert "pod-resources" not in {v["name"] for v in pod_spec(off)["volumes"]}
     assert "STEPSCOPE_KUBERNETES_POD_RESOURCES" not in _env(_main(off))
     # a namespace at "restricted" still gets a pod without ingest and attribution
-    restricted = rendered_objects(_ci(CHART / "ci" / "restricted-values.yaml"))
+    restricted = rendered_objects(ci_values(CHART / "ci" / "restricted-values.yaml"))
     level = one(restricted, "DaemonSet")["metadata"]["annotations"]
     assert level["stepscope.io/pod-security-level"] == "restricted"
 

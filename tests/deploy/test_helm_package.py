@@ -16,19 +16,18 @@ import pytest
 import yaml
 
 from generate import chart_copies, chart_package
-from generate.constants import KUBE_VERSION
-from tests.deploy.test_helm import (
-    CHART,
+from generate.constants import CHART, KUBE_VERSION
+from tests.support import REPO
+from tests.support.chart import (
     CI_VALUES,
     DASHBOARDS,
     RULES,
-    _ci,
-    _pod,
     by_kind,
+    ci_values,
     one,
+    pod_spec,
     rendered_objects,
 )
-from tests.support import REPO
 
 
 def _rule_groups(directory: Path) -> list[dict[str, Any]]:
@@ -113,7 +112,7 @@ def test_the_archive_lints_clean_with_every_ci_values_file(archive: Path) -> Non
 
     for values in [None, *CI_VALUES]:
         report = helm_python.lint(
-            archive, _ci(values) if values else None, strict=True,
+            archive, ci_values(values) if values else None, strict=True,
             kube_version=f"v{KUBE_VERSION}",
         )
         problems = [m for m in report["messages"] if m["severity"] >= 2] + report["errors"]
@@ -221,17 +220,17 @@ VALUE_SETS = [pytest.param(None, id="default")] + [
 def test_the_announced_pod_security_level_is_the_one_the_pod_needs(
     values_file: Path | None,
 ) -> None:
-    objs = rendered_objects(_ci(values_file) if values_file else None)
+    objs = rendered_objects(ci_values(values_file) if values_file else None)
     ds = one(objs, "DaemonSet")
     announced = ds["metadata"]["annotations"]["stepscope.io/pod-security-level"]
-    assert announced == required_level(_pod(objs))
+    assert announced == required_level(pod_spec(objs))
 
 
 def test_defaults_need_privileged_and_without_host_access_restricted_suffices() -> None:
     # the ingest socket is a hostPath: no namespace below "privileged" admits it
-    assert required_level(_pod(rendered_objects())) == "privileged"
-    restricted = _ci(CHART / "ci" / "restricted-values.yaml")
-    assert required_level(_pod(rendered_objects(restricted))) == "restricted"
+    assert required_level(pod_spec(rendered_objects())) == "privileged"
+    restricted = ci_values(CHART / "ci" / "restricted-values.yaml")
+    assert required_level(pod_spec(rendered_objects(restricted))) == "restricted"
 
 
 def test_the_install_notes_tell_the_namespace_label_to_set() -> None:
@@ -262,7 +261,7 @@ def test_plain_manifests_label_their_namespace_with_the_level() -> None:
 
 
 def test_network_policy_admits_only_the_listed_scrapers_to_the_metrics_port() -> None:
-    objs = rendered_objects(_ci(CHART / "ci" / "bottlerocket-values.yaml"))
+    objs = rendered_objects(ci_values(CHART / "ci" / "bottlerocket-values.yaml"))
     policy = one(objs, "NetworkPolicy")["spec"]
     pod_labels = one(objs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
     assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
@@ -289,5 +288,5 @@ def test_network_policy_without_peers_is_refused_not_opened_to_everyone() -> Non
 def test_the_kubernetes_schema_accepts_the_network_policy() -> None:
     import kubernetes_validate
 
-    objs = rendered_objects(_ci(CHART / "ci" / "bottlerocket-values.yaml"))
+    objs = rendered_objects(ci_values(CHART / "ci" / "bottlerocket-values.yaml"))
     kubernetes_validate.validate(one(objs, "NetworkPolicy"), KUBE_VERSION, strict=True)

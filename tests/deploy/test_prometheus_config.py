@@ -18,7 +18,7 @@ import yaml
 from tests.support import REPO, promtool, wait_for
 from tests.support.moto import CREDS, _client_creds, _moto
 from tests.support.ports import free_port
-from tests.support.prometheus import prometheus_binary
+from tests.support.tools import prometheus_binary
 
 PROM = REPO / "deploy" / "prometheus"
 

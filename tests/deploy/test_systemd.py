@@ -12,18 +12,14 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO
+from tests.support.tools import require_tool
 
 UNIT = REPO / "systemd" / "stepscope.service"
 PCLUSTER = REPO / "deploy" / "parallelcluster"
 
 
 def _systemd_analyze() -> str:
-    path = shutil.which("systemd-analyze")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("systemd-analyze is required in CI (Debian package systemd)")
-        pytest.skip("systemd-analyze not installed (Debian package systemd)")
-    return path
+    return require_tool("systemd-analyze", "systemd", "CI")
 
 
 def _unit_for_verify(tmp_path: Path) -> Path:

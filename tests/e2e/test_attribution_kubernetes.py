@@ -134,7 +134,7 @@ def test_the_workloads_pod_labels_reach_prometheus_under_the_charts_scrape_confi
     false, as shipped, a GPU series' pod label of the workload then becomes exported_pod
     and every "which pod is on this GPU" query finds nothing. The chart's scrape drops
     those target labels; without that step the labels are renamed, as here."""
-    from tests.deploy.test_helm import one, rendered_objects
+    from tests.support.chart import one, rendered_objects
     from tests.support.prometheus import Prometheus
 
     objs = rendered_objects({"podResources": {"enabled": attribution}, "cluster": "c1"})

@@ -10,7 +10,6 @@ import pytest
 
 from stepscope.app.cli import main
 from tests.support import wait_for
-from tests.unit.diagnose.test_cli import _write_config
 
 
 def test_diagnose_reads_the_local_exporter_and_exits_by_what_it_found(
@@ -48,3 +47,13 @@ def test_diagnose_exits_0_on_a_healthy_node(
     wait_for(lambda: json.loads(exp.get("/api/v1/diagnosis")[2])["samples"] >= 3)
     assert main(["diagnose", "--exporter", exp.url]) == 0
     assert "healthy" in capsys.readouterr().out
+
+
+def _write_config(tmp_path: Path, scenario: dict[str, Any]) -> Path:
+    (tmp_path / "scenario.yaml").write_text(json.dumps(scenario))
+    cfg = tmp_path / "stepscope.yaml"
+    cfg.write_text(
+        f"interval: 0.2\nslow_interval: 1\nscenario: {tmp_path / 'scenario.yaml'}\n"
+        f"ingest: unix://{tmp_path / 'ingest.sock'}\ndiagnosis: {{window: 2}}\n"
+    )
+    return cfg

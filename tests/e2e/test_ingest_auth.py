@@ -15,15 +15,15 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support import Exporter, start_exporter, wait_for
+from tests.support.exporter import served_address
 from tests.support.ingest import Samples, scrape, step, value
 
 NOBODY = 65534  # uid and gid (nobody / nogroup)
@@ -32,15 +32,6 @@ NOBODY = 65534  # uid and gid (nobody / nogroup)
 def needs_root() -> None:
     if os.geteuid() != 0:
         pytest.skip("sending as another uid needs root to fork a child that drops to nobody")
-
-
-@pytest.fixture
-def sock_dir() -> Iterator[Path]:
-    # short (a socket path fits 107 bytes), root-owned 0755: another uid may traverse it
-    path = Path(tempfile.mkdtemp(prefix="ss-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def serve(started: list[Exporter], url: str, **env: str) -> Exporter:
@@ -93,10 +84,10 @@ def rejected(exp: Exporter) -> dict[str, float]:
 
 
 def test_by_default_another_user_cannot_even_reach_the_socket(
-    sock_dir: Path, exporters: list[Exporter]
+    base: Path, exporters: list[Exporter]
 ) -> None:
     needs_root()
-    path = sock_dir / "ingest.sock"
+    path = base / "ingest.sock"
     serve(exporters, f"unix://{path}")
     st = path.stat()
     assert (oct(st.st_mode & 0o777), st.st_gid) == (oct(0o660), os.getegid())
@@ -105,10 +96,10 @@ def test_by_default_another_user_cannot_even_reach_the_socket(
 
 
 def test_a_shared_group_grants_ranks_of_other_users_access(
-    sock_dir: Path, exporters: list[Exporter]
+    base: Path, exporters: list[Exporter]
 ) -> None:
     needs_root()
-    path = sock_dir / "ingest.sock"
+    path = base / "ingest.sock"
     exp = serve(exporters, f"unix://{path}", ingest_group="nogroup")
     assert path.stat().st_gid == NOBODY and path.stat().st_mode & 0o777 == 0o660
 
@@ -120,10 +111,10 @@ def test_a_shared_group_grants_ranks_of_other_users_access(
 
 
 def test_another_user_cannot_forge_a_ranks_steps(
-    sock_dir: Path, exporters: list[Exporter]
+    base: Path, exporters: list[Exporter]
 ) -> None:
     needs_root()
-    path = sock_dir / "ingest.sock"
+    path = base / "ingest.sock"
     # an operator who opened the socket to every local user (ingest_mode 0666)
     exp = serve(exporters, f"unix://{path}", ingest_mode="0666")
     t0 = time.time() - 100
@@ -154,10 +145,10 @@ def test_another_user_cannot_forge_a_ranks_steps(
 
 
 def test_one_user_cannot_squat_every_job_slot(
-    sock_dir: Path, exporters: list[Exporter]
+    base: Path, exporters: list[Exporter]
 ) -> None:
     needs_root()
-    path = sock_dir / "ingest.sock"
+    path = base / "ingest.sock"
     exp = serve(exporters, f"unix://{path}", ingest_mode="0666", max_jobs="8")
 
     def squat() -> None:  # 8 jobs, one datagram each, before the real job starts
@@ -180,9 +171,9 @@ def test_one_user_cannot_squat_every_job_slot(
 
 
 def test_identity_label_churn_no_longer_multiplies_series(
-    sock_dir: Path, exporters: list[Exporter]
+    base: Path, exporters: list[Exporter]
 ) -> None:
-    path = sock_dir / "ingest.sock"
+    path = base / "ingest.sock"
     exp = serve(exporters, f"unix://{path}")
     me = os.getpid()
     send_to(str(path), step("churn", 0, 0, time.time(), None, pid=me, local_rank=0))
@@ -200,9 +191,9 @@ def test_identity_label_churn_no_longer_multiplies_series(
 
 
 def test_the_reported_pid_must_be_the_senders(
-    sock_dir: Path, exporters: list[Exporter]
+    base: Path, exporters: list[Exporter]
 ) -> None:
-    path = sock_dir / "ingest.sock"
+    path = base / "ingest.sock"
     exp = serve(exporters, f"unix://{path}")
     send_to(str(path), step("p", 0, 0, time.time(), None, pid=1))  # not this process
     wait_for(lambda: rejected(exp) == {"bad_pid": 1})
@@ -247,13 +238,13 @@ def end(rank: subprocess.Popen[str]) -> None:
 
 
 def test_a_rank_in_a_container_below_the_exporter_reports_its_own_pid(
-    sock_dir: Path, exporters: list[Exporter]
+    base: Path, exporters: list[Exporter]
 ) -> None:
     """The exporter on the host's PID namespace (systemd, or a pod with hostPID) sees
     a containerised rank's host pid; the rank reports its pid inside the container.
     The exporter accepts exactly that pair (NSpid), and no other claim."""
     cmd = unshare_pid()
-    path = sock_dir / "ingest.sock"
+    path = base / "ingest.sock"
     exp = serve(exporters, f"unix://{path}")
     d = json.dumps(step("ctr", 0, 0, time.time(), None))
     own = contained_rank(cmd, path, d, "own")
@@ -274,13 +265,13 @@ def test_a_rank_in_a_container_below_the_exporter_reports_its_own_pid(
 
 
 def test_an_exporter_in_its_own_pid_namespace_relies_on_the_uid(
-    sock_dir: Path, exporters: list[Exporter]
+    base: Path, exporters: list[Exporter]
 ) -> None:
     """Kubernetes' default: the exporter's pod and the ranks' pods are sibling PID
     namespaces, so the kernel gives pid 0. Ranks keep working; the uid still decides."""
     needs_root()
     cmd = unshare_pid()
-    path = sock_dir / "ingest.sock"
+    path = base / "ingest.sock"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "STEPSCOPE_INGEST_MODE": "0666"}
     env.pop("STEPSCOPE_CONFIG", None)
     proc = subprocess.Popen(
@@ -297,8 +288,7 @@ def test_an_exporter_in_its_own_pid_namespace_relies_on_the_uid(
         if not line:
             break
         lines.append(line)
-        if " on http" in line and "/metrics" in line:
-            address = line.rsplit("://", 1)[1].split("/metrics")[0]
+        address = served_address(line) or address
     assert address is not None, "".join(lines)
     exp = Exporter(proc, address, lines)
     exporters.append(exp)
@@ -316,10 +306,10 @@ def test_an_exporter_in_its_own_pid_namespace_relies_on_the_uid(
 
 
 def test_an_allow_list_keeps_other_users_out_before_parsing(
-    sock_dir: Path, exporters: list[Exporter]
+    base: Path, exporters: list[Exporter]
 ) -> None:
     needs_root()
-    path = sock_dir / "ingest.sock"
+    path = base / "ingest.sock"
     exp = serve(exporters, f"unix://{path}", ingest_mode="0666", ingest_allow_uids="root",
                 ingest_allow_gids="1234")
 

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support import parse_samples, promtool, start_exporter, wait_for
-from tests.unit.train.test_nccl_transport import ALERTS, SOCKET_LOG, run_rank
+from stepscope.train import _nccl
+from tests.support import REPO, parse_samples, promtool, start_exporter, wait_for
+from tests.support.ports import free_port
+
+SOCKET_LOG = REPO / "tests" / "fixtures" / "nccl" / "rank-socket.nccl.log"
+ALERTS = REPO / "deploy" / "prometheus" / "rules" / "stepscope-alerts.yml"
 
 
 def test_a_socket_run_is_served_per_rank_and_fires_the_shipped_alert(tmp_path: Path) -> None:
@@ -74,3 +80,18 @@ def test_a_socket_run_is_served_per_rank_and_fires_the_shipped_alert(tmp_path: P
                             text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+def run_rank(ingest: str, job: str, replay: Path) -> str:
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO / "exporter")}  # fmt: skip
+    for name in ("NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", _nccl.ENV):
+        env.pop(name, None)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "workers" / "nccl_transport_worker.py"),
+         ingest, job, "3", str(replay)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout

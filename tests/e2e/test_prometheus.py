@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
+from tests.support.exporter import kill_all
 from tests.support.ports import free_port
 from tests.support.prometheus import CLUSTER, Prometheus
 
@@ -125,10 +126,7 @@ def cluster(
             ranks.stop()
         if prom is not None:
             prom.stop()
-        for exp in exporters:
-            if exp.proc.poll() is None:
-                exp.proc.kill()
-            exp.proc.wait()
+        kill_all(exporters)
 
 
 def alerts_by_name(prom: Prometheus) -> dict[str, list[dict[str, Any]]]:

@@ -12,7 +12,23 @@ from pathlib import Path
 import pytest
 
 from tests.support import parse_samples, wait_for
-from tests.unit.app.test_cli_driver_wait import _LATE_DRIVER
+from tests.support.exporter import served_address
+
+# The exporter with build_backend replaced: no driver until a file appears, then simulated
+# GPUs. Everything else (flags, waiting, logging, serving) is the real command.
+_LATE_DRIVER = """
+import dataclasses, os, sys
+import stepscope.app.serve as serve
+from stepscope.gpu.model import NoDriverError
+real = serve.build_backend
+def late(cfg):
+    if not os.path.exists(sys.argv[1]):
+        raise NoDriverError("NVML unavailable: the NVIDIA kernel driver is not loaded")
+    return real(dataclasses.replace(cfg, simulate=2))
+serve.build_backend = late
+from stepscope.app.cli import main
+sys.exit(main(["serve", *sys.argv[2:]]))
+"""
 
 
 def _serve(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -68,8 +84,7 @@ def test_a_driver_that_arrives_while_the_service_waits_gets_served(tmp_path: Pat
             assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
             line = proc.stderr.readline()
             lines.append(line)
-            if " on http" in line and "/metrics" in line:
-                address = line.rsplit("://", 1)[1].split("/metrics")[0]
+            address = served_address(line) or address
         import urllib.request
 
         def scrape() -> str:
@@ -83,3 +98,5 @@ def test_a_driver_that_arrives_while_the_service_waits_gets_served(tmp_path: Pat
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+

@@ -75,8 +75,8 @@ def start_exporter(
         if not line:
             break
         lines.append(line)
-        if " on http" in line and "/metrics" in line:
-            address = line.rsplit("://", 1)[1].split("/metrics")[0]
+        address = served_address(line)
+        if address is not None:
             exporter = Exporter(proc, address, lines)
             _drain(proc, lines)
             return exporter
@@ -101,3 +101,18 @@ def stop_all() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def kill_all(exporters: Sequence[Exporter]) -> None:
+    """Kill the exporters still running and reap them all."""
+    for exp in exporters:
+        if exp.proc.poll() is None:
+            exp.proc.kill()
+        exp.proc.wait()
+
+
+def served_address(line: str) -> str | None:
+    """HOST:PORT from the start-up line that says where /metrics is served, else None."""
+    if " on http" in line and "/metrics" in line:
+        return line.rsplit("://", 1)[1].split("/metrics")[0]
+    return None

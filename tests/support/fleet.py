@@ -27,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
+from tests.support.exporter import kill_all
 from tests.support.ports import free_port
-from tests.support.prometheus import CLUSTER, Prometheus, prometheus_binary
+from tests.support.prometheus import CLUSTER, Prometheus
+from tests.support.tools import prometheus_binary
 
 RULES = REPO / "deploy" / "prometheus" / "rules"
 WORKER = REPO / "tests" / "workers" / "fleet_ranks.py"
@@ -145,10 +147,7 @@ def fleet(tmp: Path, *, nodes: int = 8, slow_at: float = 0.0, interval: float = 
             ranks.wait()
         if prom is not None:
             prom.stop()
-        for exp in exporters:
-            if exp.proc.poll() is None:
-                exp.proc.kill()
-            exp.proc.wait()
+        kill_all(exporters)
 
 
 def fleet_report(prom_url: str, window: str) -> dict[str, Any]:

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.support import wait_for
 from tests.support.ports import free_port
+from tests.support.tools import prometheus_binary
 
 # The cluster label the test Prometheus stamps on every target (external label).
 CLUSTER = "e2e"
 
-
-def prometheus_binary() -> str:
-    path = shutil.which("prometheus")
-    if path is None:
-        if os.environ.get("STEPSCOPE_REQUIRE_PROMTOOL"):
-            pytest.fail("prometheus is required (STEPSCOPE_REQUIRE_PROMTOOL is set)")
-        pytest.skip("prometheus not installed (Debian package prometheus)")
-    return path
 
 
 class Prometheus:

@@ -6,13 +6,25 @@ import os
 import shutil
 
 
-def promtool() -> str:
-    """Path of promtool; skips the test without it unless CI demands it."""
+def require_tool(name: str, package: str, required_by: str) -> str:
+    """Path of the command ``name``; without it the test skips, or fails when the
+    environment variable ``required_by`` is set (CI sets it: a missing install step
+    must not pass as a skip)."""
     import pytest  # here, not above: scripts import tests.support where pytest may be absent
 
-    path = shutil.which("promtool")
+    path = shutil.which(name)
     if path is None:
-        if os.environ.get("STEPSCOPE_REQUIRE_PROMTOOL"):
-            pytest.fail("promtool is required (STEPSCOPE_REQUIRE_PROMTOOL is set)")
-        pytest.skip("promtool not installed (Debian package prometheus)")
+        if os.environ.get(required_by):
+            pytest.fail(f"{name} is required ({required_by} is set; Debian package {package})")
+        pytest.skip(f"{name} not installed (Debian package {package})")
     return path
+
+
+def promtool() -> str:
+    """Path of promtool (Debian package prometheus)."""
+    return require_tool("promtool", "prometheus", "STEPSCOPE_REQUIRE_PROMTOOL")
+
+
+def prometheus_binary() -> str:
+    """Path of the Prometheus server (Debian package prometheus)."""
+    return require_tool("prometheus", "prometheus", "STEPSCOPE_REQUIRE_PROMTOOL")

@@ -84,18 +84,3 @@ def test_a_kernel_driver_loaded_after_start_while_nvml_still_fails_asks_for_a_re
     assert build.calls == 3
 
 
-# The exporter with build_backend replaced: no driver until a file appears, then simulated
-# GPUs. Everything else (flags, waiting, logging, serving) is the real command.
-_LATE_DRIVER = """
-import dataclasses, os, sys
-import stepscope.app.serve as serve
-from stepscope.gpu.model import NoDriverError
-real = serve.build_backend
-def late(cfg):
-    if not os.path.exists(sys.argv[1]):
-        raise NoDriverError("NVML unavailable: the NVIDIA kernel driver is not loaded")
-    return real(dataclasses.replace(cfg, simulate=2))
-serve.build_backend = late
-from stepscope.app.cli import main
-sys.exit(main(["serve", *sys.argv[2:]]))
-"""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,16 +38,6 @@ def test_nccl_check_names_each_ranks_network_and_why_it_fell_back_to_sockets(
     assert out.startswith("RANK") and "EFA through libfabric" in out
     assert main(["nccl-check", str(REPO / "README.md")]) == 2
     assert main(["nccl-check", str(NCCL / "missing.log")]) == 2
-
-
-def _write_config(tmp_path: Path, scenario: dict[str, Any]) -> Path:
-    (tmp_path / "scenario.yaml").write_text(json.dumps(scenario))
-    cfg = tmp_path / "stepscope.yaml"
-    cfg.write_text(
-        f"interval: 0.2\nslow_interval: 1\nscenario: {tmp_path / 'scenario.yaml'}\n"
-        f"ingest: unix://{tmp_path / 'ingest.sock'}\ndiagnosis: {{window: 2}}\n"
-    )
-    return cfg
 
 
 def _series(metric: dict[str, str], value: float) -> dict[str, Any]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,12 +25,10 @@ from stepscope.shared.nccl_log import parse_nccl_log, process_transport
 from stepscope.train import _nccl
 from tests.support import REPO
 from tests.support.clocks import ManualClock
-from tests.support.ports import free_port
 
 FIXTURES = REPO / "tests" / "fixtures" / "nccl"
 SOCKET_LOG = FIXTURES / "rank-socket.nccl.log"
 EFA_LOG = FIXTURES / "rank-efa.nccl.log"
-ALERTS = REPO / "deploy" / "prometheus" / "rules" / "stepscope-alerts.yml"
 
 
 # ------------------------------------------------------------------ the parser
@@ -188,21 +184,6 @@ def test_a_rank_keeps_one_transport_series_its_latest() -> None:
 
 
 # ------------------------------------------------------- end to end, for real
-
-
-def run_rank(ingest: str, job: str, replay: Path) -> str:
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO / "exporter")}  # fmt: skip
-    for name in ("NCCL_DEBUG", "NCCL_DEBUG_FILE", "NCCL_DEBUG_SUBSYS", _nccl.ENV):
-        env.pop(name, None)
-    out = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "workers" / "nccl_transport_worker.py"),
-         ingest, job, "3", str(replay)],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
 
 
 # ------------------------------------------------------------- the diagnosis
