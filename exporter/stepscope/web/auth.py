@@ -1,7 +1,11 @@
-"""Basic auth for ``--web-config``: bcrypt off the event loop, in a small pool of its own.
+"""Basic auth for ``--web-config``: bcrypt off the event loop, in threads of its own.
 
-An unknown user costs a check against a dummy hash of the same cost, so timing does not
-tell which users exist; recent results are cached, as exporter-toolkit does.
+An unknown user costs a check against exporter-toolkit's fixed cost-10 dummy hash, so
+timing does not tell which users of the usual cost exist and an unknown user is never
+more expensive than a cost-10 check; recent results are cached, as exporter-toolkit does.
+Checks against costlier hashes (cost 18 is ~15 s of CPU) run in a lane of their own, so
+they neither delay cheap checks nor are cut by the connection's request timeout (the
+guard times a request's arrival, not its handler: see :mod:`stepscope.web.guard`).
 """
 
 from __future__ import annotations
@@ -24,11 +28,17 @@ from aiohttp.typedefs import Handler, Middleware
 log = logging.getLogger(__name__)
 
 # bcrypt at cost 10 is ~60 ms of CPU; exporter-toolkit runs one check at a time. One
-# thread keeps a wrong-password flood to one core of a training node.
+# thread per lane keeps a wrong-password flood to at most two cores of a training node.
 BCRYPT_WORKERS = 1
-# Distinct checks queued or running before further unknown credentials get 429:
-# a flood cannot build an unbounded queue of requests waiting for bcrypt.
+# Distinct checks queued or running in one lane before further unknown credentials for
+# it get 429: a flood cannot build an unbounded queue of requests waiting for bcrypt.
 MAX_PENDING_CHECKS = 8
+# exporter-toolkit's dummy (web/handler.go): the bcrypt hash of "fakepassword", cost 10.
+# An unknown user is checked against it whatever the table's costs.
+DUMMY_HASH = b"$2y$10$QOauhQNbBCuQDKes6eFzPeMqBSjb7Mr5DUmpZ/VcEd00UAV/LDeSi"
+# Hashes up to this cost share the dummy's lane; costlier ones (~0.2 s at 12, ~15 s at
+# 18 on one core) get their own, so a slow check never queues a cheap one.
+CHEAP_COST = 10
 # Results remembered (each way), as exporter-toolkit's cache of 100.
 AUTH_CACHE_SIZE = 100
 _BCRYPT_MAX_PASSWORD = 72  # bcrypt reads no further; Go and htpasswd truncate here too
@@ -40,8 +50,10 @@ class BasicAuth:
     Checks run in a pool of ``workers`` threads of its own (bcrypt releases the GIL),
     so a wrong-password flood costs those threads, not scrapes; with
     ``max_pending`` distinct checks queued or running, further new credentials get 429
-    at once. An unknown user is checked against a dummy hash of the configured cost,
-    so it takes as long as a known one. The last ``cache_size`` accepted and rejected
+    at once. An unknown user is checked against a fixed cost-10 dummy hash
+    (:data:`DUMMY_HASH`), as exporter-toolkit does; hashes above cost 10 are checked in
+    a second lane with its own thread and bound, so a cost-18 check (~15 s) delays no
+    cheap one. The last ``cache_size`` accepted and rejected
     credentials are remembered under a keyed hash (no passwords kept), so a scraper's
     repeated scrape costs no bcrypt and a flood of rejects cannot evict it. ``verify``
     is ``bcrypt.checkpw``'s signature (tests pass a recording one).
@@ -59,12 +71,13 @@ class BasicAuth:
         import bcrypt
 
         self._users = {name.encode(): hashed for name, hashed in users.items()}
-        cost = max(int(h[4:6]) for h in users.values())
-        # a well-formed hash of that cost for no password: checking against it costs
-        # what checking a real one does (a random salt, no hashing spent on it)
-        self.dummy_hash = bcrypt.gensalt(rounds=cost) + b"." * 31
+        self.dummy_hash = DUMMY_HASH
         self._verify = verify or bcrypt.checkpw
-        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="stepscope-auth")
+        self._lanes = {
+            lane: ThreadPoolExecutor(workers, thread_name_prefix=f"stepscope-auth-{lane}")
+            for lane in ("cheap", "costly")
+        }
+        self._pending = {lane: 0 for lane in self._lanes}
         self._max_pending = max_pending
         self._cache_size = cache_size
         self._secret = os.urandom(32)
@@ -90,14 +103,16 @@ class BasicAuth:
             return False
         future = self._inflight.get(key)
         if future is None:
-            if len(self._inflight) >= self._max_pending:
-                self._log_busy()
+            lane = "cheap" if _cost(target) <= CHEAP_COST else "costly"
+            if self._pending[lane] >= self._max_pending:
+                self._log_busy(lane)
                 return None
             future = asyncio.get_running_loop().run_in_executor(
-                self._executor, self._check, password, target
+                self._lanes[lane], self._check, password, target
             )
             self._inflight[key] = future
-            future.add_done_callback(partial(self._settle, key, hashed is not None))
+            self._pending[lane] += 1
+            future.add_done_callback(partial(self._settle, key, lane, hashed is not None))
         # shielded: a client hanging up must not cancel a check others wait on
         return await asyncio.shield(future) and hashed is not None
 
@@ -107,8 +122,9 @@ class BasicAuth:
         except ValueError:
             return False
 
-    def _settle(self, key: bytes, known: bool, future: asyncio.Future[bool]) -> None:
+    def _settle(self, key: bytes, lane: str, known: bool, future: asyncio.Future[bool]) -> None:
         del self._inflight[key]
+        self._pending[lane] -= 1
         if future.cancelled() or future.exception() is not None:
             return
         cache = self._accepted if future.result() and known else self._rejected
@@ -122,15 +138,16 @@ class BasicAuth:
             h.update(len(part).to_bytes(4, "big") + part)
         return h.digest()
 
-    def _log_busy(self) -> None:
+    def _log_busy(self, lane: str) -> None:
         now = time.monotonic()
         if now - self._busy_logged >= 60.0:
             self._busy_logged = now
             log.warning(
-                "basic auth: %d password checks pending, answering 429 to new "
+                "basic auth: %d password checks pending (%s hashes), answering 429 to new "
                 "credentials (a wrong-password flood?); scrapes with cached credentials "
                 "are unaffected",
-                len(self._inflight),
+                self._pending[lane],
+                "cost 10 or less" if lane == "cheap" else "cost above 10",
             )
 
     @property
@@ -155,6 +172,11 @@ class BasicAuth:
             )
 
         return middleware
+
+
+def _cost(hashed: bytes) -> int:
+    """A bcrypt hash's cost ("$2y$10$..." -> 10); hashes are validated at load."""
+    return int(hashed[4:6])
 
 
 def _parse_basic(header: str | None) -> tuple[bytes, bytes] | None:

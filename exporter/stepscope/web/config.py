@@ -14,11 +14,14 @@ The file node_exporter and the other Prometheus exporters accept::
       prometheus: $2y$10$...          # bcrypt hash (htpasswd -nBC 10 "")
     rate_limit: {interval: 100ms, burst: 20}
 
-Every key either takes effect or stops the start with a ConfigError naming it: a
-setting Python's ``ssl`` cannot express (several curves in preference order, a
-client certificate accepted unverified, HTTP/2) is refused, never ignored. A
-configuration with which some allowed TLS version could never complete a handshake
-is refused too (an in-memory handshake per version proves it at start).
+A drop-in for exporter-toolkit: every file it accepts is accepted here and behaves the
+same (a verifying client_auth_type without client_ca_file trusts the system's CAs, HTTP/2
+offered is negotiated down to HTTP/1.1 by ALPN, TLS 1.3 cipher names are ignored as Go
+ignores them), except the two things Python's ``ssl`` cannot do, which stop the start
+with a ConfigError naming the key: admitting an unverified client certificate
+(RequireAnyClientCert) and ordering several curves. A configuration with which some
+allowed TLS version could never complete a handshake is refused too (an in-memory
+handshake per version proves it at start); Go would start and fail every such handshake.
 docs/web-config.md has the key-by-key table.
 
 Applying it is the other modules' work: :mod:`stepscope.web.tls` (the SSLContext, the
@@ -29,6 +32,7 @@ their SSLContext and middlewares to the server.
 
 from __future__ import annotations
 
+import logging
 import re
 import ssl
 from collections.abc import Mapping
@@ -53,6 +57,8 @@ from stepscope.web.tls import (
     client_sans_middleware,
 )
 
+log = logging.getLogger("stepscope.web")
+
 _CLIENT_AUTH_REFUSED = (
     "cannot be applied: Python's ssl module verifies every client certificate it "
     "accepts, so it cannot admit an unverified one (exporter-toolkit admits any "
@@ -62,8 +68,14 @@ _CLIENT_AUTH_REFUSED = (
 _VERIFYING = ("VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
 
 # In Go's tls.CipherSuites() too (GO_CIPHER_SUITES has the rest), but neither Go nor
-# Python's ssl lets a server choose TLS 1.3 suites.
+# Python's ssl lets a server choose TLS 1.3 suites: both ignore these names.
 _TLS13_SUITES = ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384", "TLS_CHACHA20_POLY1305_SHA256")
+# golang.org/x/net/http2's ConfigureServer refuses a TLS 1.2 cipher list without one of
+# these while http2 is on (exporter-toolkit's default), so a drop-in refuses it too.
+_HTTP2_REQUIRED = (
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+)
 
 # exporter-toolkit's extraHTTPHeaders (web/handler.go): the only headers it lets a
 # config add, with the values it accepts where they are an enumeration.
@@ -215,16 +227,27 @@ def _parse_tls(raw: Mapping[str, Any], base: Path) -> TlsSettings:
         raise ConfigError(f"web_config: {where}.client_auth_type: {auth} {_CLIENT_AUTH_REFUSED}")
     has_ca = bool(ca_pem or ca_file)
     if auth in _VERIFYING and not has_ca:
+        # as Go's crypto/tls with no ClientCAs: verify against the system's roots
+        log.warning(
+            "web_config: %s.client_auth_type %s without client_ca_file: client "
+            "certificates are verified against the system's CAs (as exporter-toolkit "
+            "does); set client_ca_file to trust only your own CA",
+            where,
+            auth,
+        )
+    if has_ca and auth == "NoClientCert":
         raise ConfigError(
-            f"web_config: {where}.client_ca_file: required with client_auth_type {auth} "
-            "(exporter-toolkit would fall back to the system's public CAs, admitting any "
-            "publicly issued certificate)"
+            f"web_config: {where}.client_ca_file: set without a client_auth_type "
+            f"(exporter-toolkit refuses this too): add client_auth_type "
+            f"{_VERIFYING[1]}, or remove client_ca_file"
         )
     if has_ca and auth not in _VERIFYING:
-        raise ConfigError(
-            f"web_config: {where}.client_ca_file: has no effect with client_auth_type "
-            f"{auth}: client certificates are only checked with "
-            f"{' or '.join(_VERIFYING)}"
+        log.warning(
+            "web_config: %s.client_ca_file: has no effect with client_auth_type %s "
+            "(certificates are not verified, as in exporter-toolkit); use %s to check them",
+            where,
+            auth,
+            " or ".join(_VERIFYING),
         )
     sans = _strings(raw, "client_allowed_sans", where)
     if sans and auth not in _VERIFYING:
@@ -249,24 +272,18 @@ def _parse_tls(raw: Mapping[str, Any], base: Path) -> TlsSettings:
             f"max_version {versions['max_version']}: no handshake could succeed"
         )
 
-    suites = _strings(raw, "cipher_suites", where)
-    if suites and versions["min_version"] == "TLS13":
-        raise ConfigError(
-            f"web_config: {where}.cipher_suites: has no effect with min_version TLS13 "
-            "(TLS 1.3 suites cannot be chosen); remove it or allow TLS12"
-        )
-    for name in suites:
-        if name in _TLS13_SUITES:
-            raise ConfigError(
-                f"web_config: {where}.cipher_suites: {name} is a TLS 1.3 suite, and "
-                "TLS 1.3 suites cannot be chosen (exporter-toolkit ignores them too); "
-                "cipher_suites applies to TLS 1.2 and below: remove it"
-            )
-        if name not in GO_CIPHER_SUITES:
+    listed = _strings(raw, "cipher_suites", where)
+    for name in listed:
+        if name not in GO_CIPHER_SUITES and name not in _TLS13_SUITES:
             raise ConfigError(
                 f"web_config: {where}.cipher_suites: unknown cipher {name!r} (known: "
-                f"{', '.join(GO_CIPHER_SUITES)})"
+                f"{', '.join((*GO_CIPHER_SUITES, *_TLS13_SUITES))})"
             )
+    # TLS 1.3 suites cannot be chosen by Go or by Python's ssl: both ignore them, and
+    # the whole list with min_version TLS13
+    suites = tuple(n for n in listed if n not in _TLS13_SUITES)
+    if versions["min_version"] == "TLS13":
+        suites = ()
     curves = _strings(raw, "curve_preferences", where)
     for name in curves:
         if name not in CURVES:
@@ -380,9 +397,10 @@ def _parse_rate_limit(raw: Mapping[str, Any]) -> RateLimit | None:
     if interval == 0:
         return None  # exporter-toolkit: interval 0 turns the limiter off
     if burst < 1:
-        raise ConfigError(
-            "web_config: rate_limit.burst: must be at least 1 with an interval "
-            "(0 would refuse every request)"
+        log.warning(
+            "web_config: rate_limit.burst 0 with interval %s answers every request 429 "
+            "(as exporter-toolkit does); set burst to at least 1 to admit requests",
+            raw.get("interval"),
         )
     return RateLimit(interval=interval, burst=burst)
 
@@ -397,10 +415,17 @@ def parse_web_config(data: Any, base: Path) -> WebConfig:
 
     http_raw = _mapping(top.get("http_server_config"), "http_server_config")
     _check_keys(http_raw, _HTTP_KEYS, "http_server_config")
-    if _boolean(http_raw, "http2", "http_server_config", False):
+    # exporter-toolkit's default is true; HTTP/2 is offered, never required (clients
+    # negotiate it by ALPN), so serving HTTP/1.1 only answers every client it would
+    http2 = _boolean(http_raw, "http2", "http_server_config", True)
+    listed = _strings(tls_raw, "cipher_suites", "tls_server_config")
+    tls12_list = tls is not None and listed and tls.min_version != "TLS13"
+    if http2 and tls12_list and not any(name in _HTTP2_REQUIRED for name in listed):
         raise ConfigError(
-            "web_config: http_server_config.http2: the exporter serves HTTP/1.1 only "
-            "(aiohttp has no HTTP/2 server); remove http2 or set it to false"
+            "web_config: tls_server_config.cipher_suites: lacks the AES_128_GCM_SHA256 "
+            "suite HTTP/2 requires (exporter-toolkit refuses this while "
+            "http_server_config.http2 is true, its default): add "
+            f"{_HTTP2_REQUIRED[0]}, or set http_server_config.http2: false"
         )
     headers = _parse_headers(_mapping(http_raw.get("headers"), "http_server_config.headers"))
     users = _parse_users(_mapping(top.get("basic_auth_users"), "basic_auth_users"))

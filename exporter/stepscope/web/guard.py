@@ -10,6 +10,10 @@ the server's protocol factory:
 - a connection must complete a request within ``request_timeout`` of opening, and the
   next one within ``request_timeout`` plus aiohttp's keep-alive of the last response;
   one that does not (silent, or dripping headers) is closed by a sweep once a second.
+  The timeout bounds what the client controls, a request's arrival: once a request is
+  in its handler the connection is not swept until the answer is written (a basic-auth
+  check against a cost-18 bcrypt hash takes ~15 s and must end in its 401, not a cut;
+  the auth bounds its own work, :mod:`stepscope.web.auth`).
 
 The sweep and the bookkeeping run on the event loop; a request's completion is marked by
 :meth:`ConnectionGuard.middleware`.
@@ -176,12 +180,15 @@ class ConnectionGuard:
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         """Marks a completed request: the connection may idle for keep-alive, then must
-        send its next request within the request timeout."""
+        send its next request within the request timeout. While the handler runs the
+        connection has no deadline: the request has arrived, the wait is ours."""
+        transport = request.transport
+        conn = self._by_transport.get(id(transport)) if transport is not None else None
+        if conn is not None:
+            conn.deadline = float("inf")
         try:
             return await handler(request)
         finally:
-            transport = request.transport
-            conn = self._by_transport.get(id(transport)) if transport is not None else None
             if conn is not None:
                 conn.deadline = self._clock() + self.keepalive_timeout + self.request_timeout
 

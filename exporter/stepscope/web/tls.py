@@ -41,6 +41,7 @@ CLIENT_AUTH: dict[str, ssl.VerifyMode | None] = {
     # exporter-toolkit asks for a certificate, never verifies it and never looks at
     # it: the same clients get in whether or not it is requested.
     "RequestClientCert": ssl.CERT_NONE,
+    # without client_ca_file both verify against the system's CAs, as Go does
     "RequireAnyClientCert": None,
     "RequireClientCert": None,  # exporter-toolkit's old name for RequireAnyClientCert
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -150,8 +151,10 @@ def build_ssl_context(tls: TlsSettings, *, verify_clients: bool = True) -> ssl.S
         try:
             if tls.client_ca_file is not None:
                 ctx.load_verify_locations(cafile=str(tls.client_ca_file))
-            else:
+            elif tls.client_ca_pem:
                 ctx.load_verify_locations(cadata=tls.client_ca_pem)
+            else:  # as Go's crypto/tls with no ClientCAs: the system's roots
+                ctx.load_default_certs(ssl.Purpose.CLIENT_AUTH)
         except (OSError, ssl.SSLError) as exc:
             key = "client_ca_file" if tls.client_ca_file else "client_ca"
             raise ConfigError(

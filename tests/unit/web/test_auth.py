@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import bcrypt
 import pytest
 
-from stepscope.web.auth import BasicAuth
+from stepscope.web.auth import DUMMY_HASH, BasicAuth
 from tests.support import wait_for
 from tests.support.web import basic, get, serving
 
@@ -76,9 +76,13 @@ def test_more_pending_checks_than_the_limit_get_429_at_once(hashed: bytes) -> No
         assert [f.result(timeout=15)[0] for f in first] == [401, 401]
 
 
-def test_an_unknown_user_costs_a_check_against_a_hash_of_the_same_cost(hashed: bytes) -> None:
+def test_an_unknown_user_costs_one_check_against_exporter_toolkits_cost_10_dummy(
+    hashed: bytes,
+) -> None:
     """Finding 4: an unknown user was answered without bcrypt (1.7 ms against 54.5 ms
-    for a known one), telling which user names exist."""
+    for a known one), telling which user names exist. Issue 27: the dummy then took the
+    table's highest cost (cost 18: ~15 s, cut by the request timeout); now it is
+    exporter-toolkit's fixed cost-10 hash whatever the table holds."""
     verify = GatedVerify()
     auth = BasicAuth({"prometheus": hashed}, verify=verify)
     with serving((auth.middleware,)) as address:
@@ -90,8 +94,8 @@ def test_an_unknown_user_costs_a_check_against_a_hash_of_the_same_cost(hashed: b
     assert [password for password, _ in verify.calls] == [b"guess", b"guess"]
     dummy, real = verify.calls[0][1], verify.calls[1][1]
     assert real == hashed
-    assert dummy != hashed and dummy[4:7] == hashed[4:7] == b"05$"  # same cost
-    assert len(dummy) == len(hashed) == 60
+    assert dummy == DUMMY_HASH and dummy[4:7] == b"10$"
+    assert bcrypt.checkpw(b"fakepassword", dummy)  # exporter-toolkit's, byte for byte
 
 
 def test_credentials_are_checked_once_and_a_flood_cannot_evict_them(hashed: bytes) -> None:
@@ -131,3 +135,23 @@ def test_malformed_authorization_is_401_without_a_check(hashed: bytes, header: s
     with serving((auth.middleware,)) as address:
         assert get(address, headers={"Authorization": header} if header else {})[0] == 401
     assert verify.calls == []
+
+
+def test_a_slow_check_of_a_costly_hash_does_not_queue_unknown_users_or_cheap_hashes(
+    hashed: bytes,
+) -> None:
+    """A wrong password for a cost-18 user holds its lane ~15 s; an unknown user (the
+    cost-10 dummy) and a cost-10 user are checked meanwhile in the other lane."""
+    costly = bcrypt.hashpw(b"pw", bcrypt.gensalt(rounds=11))
+    verify = GatedVerify()
+    auth = BasicAuth({"bob": costly, "dave": hashed}, verify=verify)
+    with serving((auth.middleware,)) as address, ThreadPoolExecutor(2) as pool:
+        try:
+            slow = pool.submit(get, address, headers=basic("bob", "wrong-slow"))
+            assert verify.entered.acquire(timeout=15)  # the costly check is running
+            assert get(address, headers=basic("nobody", "guess"))[0] == 401
+            assert get(address, headers=basic("dave", "s3cret"))[0] == 200
+            assert not slow.done()
+        finally:
+            verify.release.set()
+        assert slow.result(timeout=15)[0] == 401
