@@ -13,6 +13,10 @@ PROMETHEUS_DIR = Path("deploy/prometheus")
 CHART_DIR = Path("helm/stepscope")
 MANIFESTS_DIR = Path("deploy/kubernetes")
 METRICS_DOC = Path("docs/metrics.md")
+# the one version number (stepscope.__version__) and the files outside the trees above that
+# carry it
+VERSION_FILE = Path("exporter/stepscope/__init__.py")
+DOCKERFILE = Path("Dockerfile")
 CHART = REPO / CHART_DIR
 
 # The Kubernetes version the chart is linted and rendered for, and the manifests

@@ -2,8 +2,9 @@
 repository holds what they make.
 
 Exit status: 0 when done (or, with ``--check``, when every generated file is current), 1
-when ``--check`` finds a file that differs or the chart archive cannot be built, 2 when
-the Helm engine is not installed.
+when ``--check`` finds a file that differs, ``stepscope.__version__`` is not
+MAJOR.MINOR.PATCH or the chart archive cannot be built, 2 when the Helm engine is not
+installed.
 """
 
 from __future__ import annotations
@@ -16,14 +17,24 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from generate import chart_copies, chart_package, dashboards, field_table, manifests, rules
+from generate import (
+    chart_copies,
+    chart_package,
+    dashboards,
+    field_table,
+    manifests,
+    rules,
+    version,
+)
 from generate.constants import (
     CHART_DIR,
     DASHBOARDS_DIR,
+    DOCKERFILE,
     MANIFESTS_DIR,
     METRICS_DOC,
     PROMETHEUS_DIR,
     REPO,
+    VERSION_FILE,
 )
 
 NO_HELM = (
@@ -38,6 +49,8 @@ def _chart_copies(repo: Path) -> list[str]:
 
 # Each step takes a checkout and returns one line per file it changed.
 STEPS: tuple[Callable[[Path], list[str]], ...] = (
+    # the chart's version fields, which the rendered manifests carry
+    version.write,
     field_table.write,
     dashboards.write,
     rules.write,
@@ -48,6 +61,8 @@ STEPS: tuple[Callable[[Path], list[str]], ...] = (
 )
 # every folder a step reads or writes: --check runs the steps on a copy of these
 TREES = (DASHBOARDS_DIR, PROMETHEUS_DIR, CHART_DIR, MANIFESTS_DIR, METRICS_DOC.parent)
+# and every single file outside them
+FILES = (VERSION_FILE, DOCKERFILE)
 _SKIP = "__pycache__"
 
 
@@ -59,7 +74,7 @@ def write(repo: Path = REPO) -> list[str]:
 def _entries(root: Path) -> set[Path]:
     """Files and symbolic links under TREES, relative to ``root`` (a linked directory is
     one entry, not followed)."""
-    found: set[Path] = set()
+    found = {rel for rel in FILES if (root / rel).exists()}
     for tree in TREES:
         for dirpath, dirnames, filenames in os.walk(root / tree):
             here = Path(dirpath)
@@ -84,6 +99,9 @@ def check(repo: Path = REPO) -> list[str]:
         for tree in TREES:
             shutil.copytree(repo / tree, copy / tree, symlinks=True,
                             ignore=shutil.ignore_patterns(_SKIP))
+        for rel in FILES:
+            (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(repo / rel, copy / rel)
         write(copy)
         shipped, made = _entries(repo), _entries(copy)
         problems = []
@@ -101,8 +119,9 @@ def check(repo: Path = REPO) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m generate",
-        description="Rewrite the repository's generated files (dashboards, rules for the "
-        "hostname label, the chart's copies, plain Kubernetes manifests) in order.",
+        description="Rewrite the repository's generated files (the chart's and the image's "
+        "version, dashboards, rules for the hostname label, the chart's copies, plain "
+        "Kubernetes manifests) in order.",
     )
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 naming every file that is out of date")
@@ -115,16 +134,20 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print(NO_HELM, file=sys.stderr)
         return 2
-    if args.check:
-        problems = check()
-        for line in problems:
-            print(line, file=sys.stderr)
-        if problems:
-            print("run: python -m generate", file=sys.stderr)
-            return 1
-    else:
-        for line in write():
-            print(line)
+    try:
+        if args.check:
+            problems = check()
+            for line in problems:
+                print(line, file=sys.stderr)
+            if problems:
+                print("run: python -m generate", file=sys.stderr)
+                return 1
+        else:
+            for line in write():
+                print(line)
+    except version.VersionError as exc:
+        print(f"python -m generate: {exc}", file=sys.stderr)
+        return 1
     if args.package is not None:
         print(chart_package.package(args.package))
     return 0

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from generate import pipeline
+from stepscope import __version__ as STEPSCOPE_VERSION
 from tests.support import REPO
 
 
@@ -33,6 +34,9 @@ def checkout(tmp_path: Path) -> Path:
                     ignore=shutil.ignore_patterns("__pycache__"))
     for tree in pipeline.TREES:
         shutil.copytree(REPO / tree, tmp_path / tree, symlinks=True)
+    for rel in pipeline.FILES:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, tmp_path / rel)
     return tmp_path
 
 
@@ -91,3 +95,46 @@ def test_without_the_helm_engine_the_command_says_what_to_install(
     out = capsys.readouterr()
     assert out.out == ""
     assert out.err.count("\n") == 1 and "pip install helm-python-sdk" in out.err
+
+
+def _set_version(checkout: Path, version: str) -> None:
+    init = checkout / "exporter" / "stepscope" / "__init__.py"
+    text = init.read_text()
+    init.write_text(text.replace(f'__version__ = "{STEPSCOPE_VERSION}"',
+                                 f'__version__ = "{version}"'))
+
+
+def test_a_version_bump_is_carried_to_the_chart_the_image_and_the_manifests(
+    checkout: Path,
+) -> None:
+    _set_version(checkout, "0.2.0")
+    run = generate(checkout, "--check")
+    assert run.returncode == 1
+    differs = ": differs from what the generators make"
+    assert run.stderr.splitlines() == [
+        f"Dockerfile{differs}",
+        f"deploy/kubernetes/monitoring.yaml{differs}",
+        f"deploy/kubernetes/stepscope.yaml{differs}",
+        f"helm/stepscope/Chart.yaml{differs}",
+        "run: python -m generate",
+    ]
+    assert generate(checkout).returncode == 0
+    chart = (checkout / "helm" / "stepscope" / "Chart.yaml").read_text().splitlines()
+    assert "version: 0.2.0" in chart and 'appVersion: "0.2.0"' in chart
+    assert "ARG VERSION=0.2.0" in (checkout / "Dockerfile").read_text().splitlines()
+    manifests = (checkout / "deploy" / "kubernetes" / "stepscope.yaml").read_text()
+    assert "image: ghcr.io/stepscope/stepscope:0.2.0" in manifests
+    assert f":{STEPSCOPE_VERSION}" not in manifests
+    assert generate(checkout, "--check").returncode == 0
+
+
+def test_a_version_the_chart_cannot_carry_is_refused_in_one_line(checkout: Path) -> None:
+    _set_version(checkout, "0.2.0rc1")  # PEP 440, but Helm wants SemVer's 0.2.0-rc1
+    for args in ((), ("--check",)):
+        run = generate(checkout, *args)
+        assert run.returncode == 1
+        assert run.stderr == (
+            "python -m generate: exporter/stepscope/__init__.py: __version__ = '0.2.0rc1' "
+            "is not MAJOR.MINOR.PATCH (the chart's version must be SemVer and the image "
+            "tag the same string)\n"
+        )
