@@ -247,7 +247,7 @@ def test_scenario_faults_show_up_on_exactly_the_gpus_they_hit(tmp_path: Path) ->
         active = {(lbl["gpu"], lbl["reason"]): v
                   for lbl, v in f["stepscope_gpu_clock_event_active"]}
         assert active[("3", "sw_thermal_slowdown")] == 1
-        assert active[("1", "sw_thermal_slowdown")] == 0
+        assert ("1", "sw_thermal_slowdown") not in active  # inactive reasons are absent
         clocks = by_gpu(f, "DCGM_FI_DEV_SM_CLOCK")
         assert clocks["3"] < clocks["1"]
         first = by_gpu(f, "DCGM_FI_DEV_THERMAL_VIOLATION")["3"]

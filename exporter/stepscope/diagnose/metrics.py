@@ -1,9 +1,17 @@
-"""Verdicts as metric families: one-hot ``stepscope_bottleneck{kind}`` and modifiers.
+"""Verdicts as metric families: ``stepscope_bottleneck{kind}`` and its modifiers.
+
+Both serve the active state only, as a state set whose inactive members are absent
+(kube-state-metrics' one-hot families are the classic cardinality complaint: here 11
+kinds and 12 modifiers per subject were ~95% zeros). A subject has exactly one
+``stepscope_bottleneck`` series, the verdict's kind, at 1; ``stepscope_bottleneck_modifier``
+has one series per modifier that applies, at 1, and none when none applies. So
+``stepscope_bottleneck{kind="input_cpu"}`` (or ``== 1``, as before) selects exactly the
+starved ranks, and what the one-hot wrote as ``{kind="x"} == 0`` is ``{kind!="x"}``.
+When a verdict changes, the old kind's series leaves the exposition and Prometheus marks
+it stale at the next scrape.
 
 Labels: the rank label set of the pass's label schema; a GPU that no rank reported has
-empty ``job``, ``rank`` and ``local_rank``. Modifiers are a separate family so that the
-kind stays one-hot: ``stepscope_bottleneck{kind="input_cpu"} == 1`` selects exactly the
-starved ranks.
+no ``training_job``, ``rank`` and ``local_rank``.
 """
 
 from __future__ import annotations
@@ -12,8 +20,8 @@ from stepscope.core.exposition import GAUGE, Family, join_labels, label_string
 from stepscope.core.labels import LabelSchema
 from stepscope.diagnose.model import KINDS, MODIFIERS, Diagnosis
 
-_KIND = tuple(label_string((("kind", k),)) for k in KINDS)
-_MODIFIER = tuple(label_string((("modifier", m),)) for m in MODIFIERS)
+_KIND = {k: label_string((("kind", k),)) for k in KINDS}
+_MODIFIER = {m: label_string((("modifier", m),)) for m in MODIFIERS}
 
 
 def diagnosis_families(diag: Diagnosis, labels: LabelSchema) -> list[Family]:
@@ -22,20 +30,23 @@ def diagnosis_families(diag: Diagnosis, labels: LabelSchema) -> list[Family]:
         "stepscope_bottleneck",
         GAUGE,
         "The bottleneck verdict per training rank (or per GPU without a rank) over the "
-        "diagnosis window: 1 for the verdict's kind, 0 for the others (docs/diagnosis.md).",
+        "diagnosis window: one series per subject, its verdict's kind, value 1; the other "
+        "kinds are absent (docs/diagnosis.md).",
     )
     modifier = Family(
         "stepscope_bottleneck_modifier",
         GAUGE,
-        "Qualifiers of the verdict (" + ", ".join(MODIFIERS) + "): 1 when it applies.",
+        "Qualifiers of the verdict (" + ", ".join(MODIFIERS) + "): a series at 1 for each "
+        "that applies; absent otherwise.",
     )
     for v in diag.verdicts:
         s = v.subject
         lbl = labels.subject(s.job, s.rank, s.local_rank, s.uuid)
-        for name, k in zip(KINDS, _KIND, strict=True):
-            kind.add(join_labels(lbl, k), 1.0 if v.kind == name else 0.0)
-        for name, m in zip(MODIFIERS, _MODIFIER, strict=True):
-            modifier.add(join_labels(lbl, m), 1.0 if name in v.modifiers else 0.0)
+        kind.add(join_labels(lbl, _KIND[v.kind]), 1.0)
+        # in MODIFIERS' order, whatever order the verdict lists them in
+        for name in MODIFIERS:
+            if name in v.modifiers:
+                modifier.add(join_labels(lbl, _MODIFIER[name]), 1.0)
     window = Family.single(
         "stepscope_diagnosis_window_seconds",
         GAUGE,

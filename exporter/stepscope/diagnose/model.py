@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from stepscope.diagnose.thresholds import Thresholds
 
-# Verdict kinds, in the order they are served (one-hot ``stepscope_bottleneck{kind}``).
+# Verdict kinds (``stepscope_bottleneck{kind}`` serves a subject's one kind, at 1).
 # ``gpu_fault`` outranks every performance verdict: a GPU that is down or must be
 # drained reads ``gpu_fault`` whatever its steps look like.
 KINDS: tuple[str, ...] = (

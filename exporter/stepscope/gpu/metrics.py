@@ -1,7 +1,7 @@
 """Map the GPU part of a Snapshot to metric families: pure functions over plain data.
 
 Per-GPU families come from the table in :mod:`stepscope.gpu.fields`; up/info, the
-clock-event one-hot and durations, and XIDs are built here. Every series carries the
+active clock-event reasons and their durations, and XIDs are built here. Every series carries the
 GPU's label set from the pass's label schema (dcgm-exporter's labels plus enrichment);
 the ``DCGM_FI_*`` ones also carry ``DCGM_FI_DRIVER_VERSION``, as dcgm-exporter's do.
 Every value was read by the sampler on its own interval, never at scrape time.
@@ -21,6 +21,16 @@ from stepscope.gpu.model import GpuPart
 
 _SAMPLED = " Sampled by the exporter every interval, not at scrape time."
 _REASON = {reason: label_string((("reason", reason),)) for _, reason in CLOCK_EVENT_REASONS}
+# Clock-event durations that a dcgm-exporter counter already serves, to the nanosecond
+# from the same NVML field: DCGM_FI_DEV_POWER_VIOLATION (sw_power_cap) and
+# DCGM_FI_DEV_SYNC_BOOST_VIOLATION (sync_boost). Served once, under DCGM's name; the
+# stepscope family keeps what DCGM's do not split out: software vs hardware thermal
+# slowdown (DCGM_FI_DEV_THERMAL_VIOLATION is their sum) and the hardware power brake.
+_DURATIONS = tuple(
+    (key, reason)
+    for key, reason in CLOCK_EVENT_DURATION_KEYS
+    if reason not in ("sw_power_cap", "sync_boost")
+)
 
 
 def gpu_families(part: GpuPart, labels: LabelSchema) -> list[Family]:
@@ -74,11 +84,14 @@ def gpu_families(part: GpuPart, labels: LabelSchema) -> list[Family]:
                 fam.add(lbl if ours else d, v)
         fams.append(fam)
 
+    # A state set served as its active members only (9 reasons a GPU, almost all 0 most
+    # of the time): the full state is DCGM_FI_DEV_CLOCKS_EVENT_REASONS' bit mask.
     active = Family(
         "stepscope_gpu_clock_event_active",
         GAUGE,
-        "Whether each clock event (throttle) reason is active now (one-hot per "
-        "reason, decoded from DCGM_FI_DEV_CLOCKS_EVENT_REASONS).",
+        "The clock event (throttle) reasons active now, decoded from "
+        "DCGM_FI_DEV_CLOCKS_EVENT_REASONS: a series at 1 per active reason; absent "
+        "otherwise.",
     )
     for g, lbl, _ in live:
         mask = g.values.get("clocks_event_reasons")
@@ -86,16 +99,19 @@ def gpu_families(part: GpuPart, labels: LabelSchema) -> list[Family]:
             continue
         bits = int(mask)
         for bit, reason in CLOCK_EVENT_REASONS:
-            active.add(join_labels(lbl, _REASON[reason]), 1.0 if bits & bit else 0.0)
+            if bits & bit:
+                active.add(join_labels(lbl, _REASON[reason]), 1.0)
     fams.append(active)
 
     durations = Family(
         "stepscope_gpu_clock_event_seconds_total",
         COUNTER,
-        "Cumulative time clocks were held down, by reason (NVML clock event reason field ids).",
+        "Cumulative time clocks were held down, by reason (NVML clock event reason field "
+        "ids): sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown (power cap "
+        "and sync boost: DCGM_FI_DEV_POWER_VIOLATION, DCGM_FI_DEV_SYNC_BOOST_VIOLATION).",
     )
     for g, lbl, _ in live:
-        for key, reason in CLOCK_EVENT_DURATION_KEYS:
+        for key, reason in _DURATIONS:
             ns = g.values.get(key)
             if ns is not None:
                 durations.add(join_labels(lbl, _REASON[reason]), ns / 1e9)

@@ -50,6 +50,7 @@ class ScriptedBackend:
         if Tier.SLOW in tiers:
             values["total_energy"] = self.energy
             values["clock_event_ns.sw_thermal_slowdown"] = 2.5e9
+            values["clock_event_ns.sw_power_cap"] = values["power_violation"] = 4e9
         return GpuReading(values)
 
     def events(self) -> Sequence[XidEvent]:
@@ -140,16 +141,15 @@ def test_each_xid_code_counts_separately_and_last_xid_is_kept() -> None:
     assert last == {"0": 0.0, "1": 79.0}
 
 
-def test_clock_event_bitmask_is_decoded_one_hot_and_durations_in_seconds() -> None:
+def test_clock_event_bitmask_is_decoded_to_the_active_reasons_and_durations_in_seconds() -> None:
     _, sampler, _ = make(1)
     fams = families(sampler.sample_once().body.decode())
     active = {lbl["reason"]: v for lbl, v in fams["stepscope_gpu_clock_event_active"]}
-    assert active["sw_thermal_slowdown"] == 1.0
-    assert active["sw_power_cap"] == 1.0
-    assert active["gpu_idle"] == 0.0
-    assert sum(active.values()) == 2.0
+    assert active == {"sw_power_cap": 1.0, "sw_thermal_slowdown": 1.0}  # inactive: absent
     secs = {lbl["reason"]: v for lbl, v in fams["stepscope_gpu_clock_event_seconds_total"]}
     assert secs == {"sw_thermal_slowdown": 2.5}
+    # the power cap's time is served once, under dcgm-exporter's name (ns)
+    assert [v for _, v in fams["DCGM_FI_DEV_POWER_VIOLATION"]] == [4e9]
 
 
 def test_every_gpu_series_carries_the_dcgm_label_set() -> None:

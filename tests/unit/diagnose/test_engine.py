@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from stepscope.diagnose.api import diagnosis_document
-from stepscope.diagnose.model import KINDS, MODIFIERS
 from stepscope.diagnose.thresholds import parse_thresholds
 from stepscope.host.model import HostReading, Pressure, ProcessReading
 from stepscope.net.rdma import RdmaPort
@@ -45,16 +44,17 @@ def test_simulated_gpus_read_compute_with_thermal_power_and_fp32_modifiers() -> 
     assert v[5].kind == "unknown"  # A100: no GPM, utilization alone cannot tell
     assert "GPM" in " ".join(v[5].evidence)
     assert v[6].kind == "unknown"  # waits without a rank: data or comm, no guess
-    # one-hot per subject on /metrics, modifiers in their own family
+    # on /metrics: each subject's one kind at 1, the modifiers that apply at 1, nothing else
     samples = parse_samples(node.text())
     for gpu in map(str, range(7)):
         kinds = {lbl["kind"]: val for lbl, val in samples["stepscope_bottleneck"]
                  if lbl["gpu"] == gpu}  # fmt: skip
-        assert sorted(kinds) == sorted(KINDS) and sum(kinds.values()) == 1
-    hot = {lbl["modifier"]: val for lbl, val in samples["stepscope_bottleneck_modifier"]
-           if lbl["gpu"] == "1"}  # fmt: skip
-    assert sorted(hot) == sorted(MODIFIERS) and hot["thermal_throttle"] == 1
-    assert sum(hot.values()) == 1
+        assert kinds == {v[int(gpu)].kind: 1.0}
+        mods = {lbl["modifier"]: val for lbl, val in samples["stepscope_bottleneck_modifier"]
+                if lbl["gpu"] == gpu}  # fmt: skip
+        assert mods == dict.fromkeys(v[int(gpu)].modifiers, 1.0)
+    assert {lbl["modifier"] for lbl, _ in samples["stepscope_bottleneck_modifier"]
+            if lbl["gpu"] == "1"} == {"thermal_throttle"}  # fmt: skip
     lbl = next(lbl for lbl, val in samples["stepscope_bottleneck"] if lbl["gpu"] == "1" and val)
     # a GPU without a rank: no rank labels at all (never an empty value)
     assert "training_job" not in lbl and "rank" not in lbl
