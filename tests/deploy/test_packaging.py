@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -20,6 +19,7 @@ from packaging.metadata import Metadata
 from packaging.requirements import Requirement
 
 from tests.support import REPO
+from tests.support.paths import source_tree
 
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 
@@ -34,18 +34,6 @@ def _setuptools_floor() -> str:
     return spec.version
 
 
-def _source_tree(dest: Path) -> Path:
-    """What a build reads: the project files, copied so the build leaves no trace here."""
-    dest.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy2(REPO / name, dest / name)
-    shutil.copytree(
-        REPO / "exporter", dest / "exporter",
-        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"),
-    )
-    return dest
-
-
 # The last setuptools before PEP 639 metadata: it must refuse the project table.
 PRE_PEP639_SETUPTOOLS = "76.1.0"
 
@@ -57,7 +45,7 @@ def build_with(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Buil
     venv = root / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check"]
-    src = _source_tree(root / "src")
+    src = source_tree(root / "src")
 
     def build(version: str) -> Build:
         got = subprocess.run(

@@ -54,13 +54,22 @@ STARTED: list[subprocess.Popen[str]] = []
 
 
 def start_exporter(
-    args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 30.0
+    args: Sequence[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 30.0,
+    command: Sequence[str] | None = None,
 ) -> Exporter:
-    """Start the exporter and wait (with a deadline) until it says where it serves."""
+    """Start the exporter and wait (with a deadline) until it says where it serves.
+
+    ``command`` replaces ``python -m stepscope serve --listen 127.0.0.1:0`` before
+    ``args``: an installed ``stepscope`` entry point, or one run in a container.
+    """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("STEPSCOPE_CONFIG", None)
+    if command is None:
+        command = [sys.executable, "-m", "stepscope", "serve", "--listen", "127.0.0.1:0"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stepscope", "serve", "--listen", "127.0.0.1:0", *args],
+        [*command, *args],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
