@@ -24,6 +24,7 @@ from generate import (
     field_table,
     manifests,
     rules,
+    values_schema,
     version,
 )
 from generate.constants import (
@@ -51,6 +52,8 @@ def _chart_copies(repo: Path) -> list[str]:
 STEPS: tuple[Callable[[Path], list[str]], ...] = (
     # the chart's version fields, which the rendered manifests carry
     version.write,
+    # the values schema's config keys, from stepscope.app.config
+    values_schema.write,
     field_table.write,
     dashboards.write,
     rules.write,

@@ -122,6 +122,20 @@ def test_values_schema_rejects_bad_values() -> None:
                 chart.validate_schema(bad)
 
 
+def test_a_misspelt_config_key_fails_at_install_naming_it() -> None:
+    """Issue 27: `config: {intervall: 5}` rendered, and the pod crash-looped on the
+    config file's unknown key; the schema's config keys are generated from SETTINGS."""
+    import helm_python
+
+    from stepscope.app.config import SETTINGS
+
+    with helm_python.Chart.load(CHART) as chart:
+        chart.validate_schema({"config": {key: None for key in SETTINGS}})
+        chart.validate_schema({"config": {"interval": 5, "slow-interval": 10}})
+        with pytest.raises(helm_python.HelmValuesError, match="intervall"):
+            chart.validate_schema({"config": {"intervall": 5}})
+
+
 # ---- the DaemonSet
 
 

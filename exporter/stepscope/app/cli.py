@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
+import errno
 import logging
 import os
 import sys
@@ -61,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
         default = getattr(defaults, key, None)
         if isinstance(default, (int, float, str, Listen)) and not isinstance(default, bool):
             shown = f"{default:g}" if isinstance(default, float) else str(default)
+            if key == "ingest_mode":  # a mode reads in octal, as it is written
+                shown = f"{default:04o}"
             # the default is defined once, in Config, and shown from there
             if shown and "(default" not in help_:
                 help_ = f"{help_} (default {shown})"
@@ -232,17 +236,62 @@ def serve(flags: dict[str, Any]) -> int:
         return EXIT_USAGE
     except OSError as exc:
         backend.close()
-        _error(f"cannot serve on {cfg.listen}: {exc.strerror or exc}")
+        _error(_serve_failure(cfg, exc))
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_OK
     return EXIT_OK
 
 
+def _serve_failure(cfg: Config, exc: OSError) -> str:
+    """One line: why the HTTP port could not be bound, and what to do."""
+    # asyncio's message repeats the address; the errno's text says it once
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    where = f"cannot serve on {cfg.listen}: {why}"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"{where}: another process listens there (a second stepscope, or "
+            f"dcgm-exporter on {cfg.listen.port}?); stop it or choose another port "
+            "with --listen HOST:PORT"
+        )
+    if exc.errno == errno.EACCES:
+        return f"{where}: ports below 1024 need root; choose another with --listen HOST:PORT"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return f"{where}: no interface of this host has that address; fix --listen"
+    return where
+
+
+def _unknown_options(parser: argparse.ArgumentParser, extras: list[str]) -> str:
+    """``unknown option --intervall; did you mean --interval?`` for the first extra."""
+    word = extras[0]
+    if not word.startswith("-"):
+        return f"unexpected argument {word!r}"
+    name = word.split("=", 1)[0]
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+    hint = f"; did you mean {close[0]}?" if close else f"; see {parser.prog} --help"
+    return f"unknown option {name}{hint}"
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub: argparse.ArgumentParser = action.choices[command]
+            return sub
+    raise KeyError(command)  # pragma: no cover - every command is a subparser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``stepscope`` command."""
     parser = _parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        if args.command is None:
+            parser.error(_unknown_options(parser, extras))
+        # the subcommand's usage and the option it lacks, not the top-level usage
+        _subparser(parser, args.command).error(_unknown_options(
+            _subparser(parser, args.command), extras
+        ))
     if args.command is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE

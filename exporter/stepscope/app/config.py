@@ -203,15 +203,25 @@ def _parse_mode(value: Any) -> int:
         raise ValueError("expected an octal mode such as 0660")
     if isinstance(value, int):
         mode = value
+        if mode & ~0o666 or not mode & 0o200:
+            raise ValueError(
+                f"YAML reads {value} as a decimal number; write the mode as a quoted "
+                "octal string: '0660'"
+            )
     else:
         try:
             mode = int(str(value).strip(), 8)
         except ValueError:
             raise ValueError("expected an octal mode such as 0660") from None
+    if mode & 0o111 and not mode & ~0o777:
+        raise ValueError(
+            f"execute bits mean nothing on a socket: use {mode & 0o666:04o} (read/write "
+            "bits only; 0660 admits the owner and the group, 0666 every local user)"
+        )
     if mode & ~0o666 or not mode & 0o200:
         raise ValueError(
-            f"expected a mode from 0200 to 0666 without execute bits (got {mode:#o}); "
-            "write it as an octal string: '0660'"
+            "expected read/write bits from 0200 to 0666 (0660 admits the owner and the "
+            "group, 0666 every local user)"
         )
     return mode
 

@@ -1,14 +1,16 @@
 """``stepscope serve``: wire the backend, the sampler and the web server together.
 
-Lifecycle: build the backend (NVML, or simulated when asked), bind the training
-ingest (a failure there is a warning, not an exit), take the first snapshot before
-listening so the first scrape is never empty, serve until SIGTERM/SIGINT, reload the
-config file on SIGHUP.
+Lifecycle: build the backend (NVML, or simulated when asked), bind the HTTP port (a
+port in use ends the start here, before anything says it is serving), bind the
+training ingest (a failure there is a warning, not an exit), take the first snapshot
+before accepting connections so the first scrape is never empty, serve until
+SIGTERM/SIGINT, reload the config file on SIGHUP.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import signal
 from collections.abc import Callable
@@ -107,27 +109,64 @@ def reload_config(
     except ConfigError as exc:
         log.error("reload failed, keeping the running configuration: %s", exc)
         return current
-    for key in (
-        "listen", "simulate", "scenario", "web_config", "ingest", "ingest_group", "ingest_mode",
-        "kubernetes_pod_resources",
-    ):
-        if getattr(new, key) != getattr(current, key):
-            log.warning("reload: %s changed; it takes effect on restart", key)
+    pending = [key for key in RESTART_KEYS if getattr(new, key) != getattr(current, key)]
     if (new.hpc_job_dir is None) != (sources.hpc_jobs is None):
-        log.warning("reload: hpc_job_dir turned on or off; it takes effect on restart")
+        pending.append("hpc_job_dir")  # turned on or off
     elif sources.hpc_jobs is not None and new.hpc_job_dir is not None:
         sources.hpc_jobs.directory = new.hpc_job_dir
     sampler.update(settings_of(new))
     aggregator.update(training_settings_of(new))
     sources.diagnosis.thresholds = new.diagnosis
     logging.getLogger("stepscope").setLevel(new.log_level.upper())
-    log.info(
-        "configuration reloaded (interval %g s, slow interval %g s, hostname %s)",
-        new.interval,
-        new.slow_interval,
-        new.hostname,
+    summary = f"interval {new.interval:g} s, slow interval {new.slow_interval:g} s, " + (
+        f"hostname {new.hostname}"
     )
+    if pending:
+        # one line that cannot be read as "all applied"
+        log.warning(
+            "configuration reloaded except %s: changed, but applied only by a restart "
+            "(systemctl restart stepscope, or restart the pod); still running with %s (%s)",
+            ", ".join(pending),
+            "; ".join(f"{key} {getattr(current, key)}" for key in pending if key in RESTART_KEYS)
+            or "the old value",
+            summary,
+        )
+        # the running process keeps these: the next reload compares against them
+        new = _keep(new, current, pending)
+    else:
+        log.info("configuration reloaded (%s)", summary)
     return new
+
+
+# Settings a running exporter cannot change (a bound port, an open socket, a loaded
+# backend): a reload that changes one says it needs a restart.
+RESTART_KEYS = (
+    "listen", "simulate", "scenario", "web_config", "ingest", "ingest_group", "ingest_mode",
+    "kubernetes_pod_resources",
+)
+
+
+def _keep(new: Config, current: Config, keys: list[str]) -> Config:
+    import dataclasses
+
+    kept = {k: getattr(current, k) for k in keys if k in RESTART_KEYS}
+    return dataclasses.replace(new, **kept)
+
+
+def served_url(scheme: str, sockets: list[tuple[Any, ...]], listen: str) -> str:
+    """A URL a user can paste for the start-up line: IPv6 in brackets, and for all
+    interfaces (``0.0.0.0``, ``::``) ``localhost``, which reaches them from this host."""
+    if not sockets:
+        return f"{scheme}://{listen}/metrics"
+    host, port = str(sockets[0][0]), int(sockets[0][1])
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if address is not None and address.is_unspecified:
+        return f"{scheme}://localhost:{port}/metrics (all interfaces)"
+    shown = f"[{host}]" if address is not None and address.version == 6 else host
+    return f"{scheme}://{shown}:{port}/metrics"
 
 
 async def run_server(
@@ -140,6 +179,17 @@ async def run_server(
     memory.tune()  # before the sampler's and the web server's threads allocate
     web_cfg = load_web_config(cfg.web_config) if cfg.web_config else None
     loop = asyncio.get_running_loop()
+    # bind first: a port in use ends the start before the ingest or a log line says
+    # anything is served; connections are accepted once the first snapshot is taken
+    protocol: list[Callable[[], asyncio.Protocol]] = []
+    server = await loop.create_server(
+        lambda: protocol[0](),
+        cfg.listen.host or None,
+        cfg.listen.port,
+        ssl=web_cfg.ssl_context() if web_cfg else None,
+        reuse_address=True,
+        start_serving=False,
+    )
     aggregator = Aggregator(training_settings_of(cfg))
     ingest = IngestListener(
         cfg.ingest, aggregator, IngestAccess(mode=cfg.ingest_mode, group=cfg.ingest_group)
@@ -164,7 +214,6 @@ async def run_server(
         app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE_S
     )
     await runner.setup()
-    server: asyncio.Server | None = None
     stop = asyncio.Event()
     current = cfg
 
@@ -173,14 +222,9 @@ async def run_server(
         current = reload_config(current, flags, sampler, aggregator, sources)
 
     try:
-        # our own create_server (not TCPSite): the guard caps and times out connections
-        server = await loop.create_server(
-            guard.wrap(runner.server),  # type: ignore[arg-type]
-            cfg.listen.host or None,
-            cfg.listen.port,
-            ssl=web_cfg.ssl_context() if web_cfg else None,
-            reuse_address=True,
-        )
+        # our own server (not TCPSite): the guard caps and times out connections
+        protocol.append(guard.wrap(runner.server))  # type: ignore[arg-type]
+        await server.start_serving()
         guard.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -189,11 +233,10 @@ async def run_server(
         bound = f"{addrs[0][0]}:{addrs[0][1]}" if addrs else str(cfg.listen)
         scheme = "https" if web_cfg and web_cfg.tls else "http"
         log.info(
-            "serving %d GPU(s) (%s backend) on %s://%s/metrics",
+            "serving %d GPU(s) (%s backend) on %s",
             len(backend.devices()),
             backend.name,
-            scheme,
-            bound,
+            served_url(scheme, addrs, str(cfg.listen)),
         )
         if ready is not None:
             ready(bound)
@@ -202,7 +245,6 @@ async def run_server(
     finally:
         ingest.close()
         guard.stop()
-        if server is not None:
-            server.close()
+        server.close()
         await runner.cleanup()
         await asyncio.to_thread(sampler.stop)

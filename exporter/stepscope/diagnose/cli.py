@@ -50,9 +50,11 @@ def add_commands(sub: Any) -> None:
         "MFU, verdict and advice. Exit 0 healthy, 1 bottleneck or straggler, 2 cannot tell.",
     )
     d.add_argument("--exporter", metavar="URL", default="http://127.0.0.1:9400",
-                   help="the exporter to read (default http://127.0.0.1:9400)")  # fmt: skip
+                   help="the exporter to read: a URL, or HOST:PORT for http "
+                   "(default http://127.0.0.1:9400)")  # fmt: skip
     d.add_argument("--prometheus", metavar="URL", default=None,
-                   help="look across the fleet through this Prometheus instead")  # fmt: skip
+                   help="look across the fleet through this Prometheus instead "
+                   "(a URL, or HOST:PORT for http)")  # fmt: skip
     d.add_argument("--window", metavar="DURATION", default="5m",
                    help="Prometheus range for the fleet view (default 5m)")  # fmt: skip
     d.add_argument("--host-label", choices=HOST_LABELS, default=HOST_LABEL,
@@ -76,9 +78,29 @@ def run(args: argparse.Namespace) -> int:
     """Run ``args.command``; returns the exit status."""
     if args.command == "nccl-check":
         return nccl_check(args.logs, args.json)
-    if args.prometheus:
-        return fleet(args.prometheus, args.window, args.json, args.timeout, args.host_label)
-    return local(args.exporter, args.json, args.timeout)
+    try:
+        if args.prometheus:
+            base = base_url(args.prometheus, "--prometheus")
+            return fleet(base, args.window, args.json, args.timeout, args.host_label)
+        exporter = base_url(args.exporter, "--exporter")
+    except ValueError as exc:
+        _error(str(exc))
+        return EXIT_UNKNOWN
+    return local(exporter, args.json, args.timeout)
+
+
+def base_url(text: str, flag: str) -> str:
+    """``http://host:port`` from a URL or a bare ``HOST:PORT`` (``:9400`` is this
+    host); ValueError naming ``flag`` for a scheme that is not http(s)."""
+    text = text.strip()
+    if "://" not in text:
+        text = "http://" + ("127.0.0.1" + text if text.startswith(":") else text)
+    scheme = text.split("://", 1)[0].lower()
+    if scheme not in ("http", "https") or not urllib.parse.urlsplit(text).hostname:
+        raise ValueError(
+            f"{flag}: expected http://HOST:PORT, https://HOST:PORT or HOST:PORT, got {text!r}"
+        )
+    return text
 
 
 def _get_json(url: str, timeout: float) -> Any:
@@ -160,7 +182,13 @@ def local(url: str, as_json: bool, timeout: float) -> int:
     try:
         doc = _get_json(api, timeout)
     except (OSError, ValueError) as exc:
-        _error(f"cannot read {api}: {getattr(exc, 'reason', None) or exc}")
+        reason = getattr(exc, "reason", None) or exc
+        hint = (
+            "; is stepscope serve running there? pass its address with --exporter HOST:PORT"
+            if isinstance(reason, ConnectionRefusedError)
+            else ""
+        )
+        _error(f"cannot read {api}: {reason}{hint}")
         return EXIT_UNKNOWN
     print(json.dumps(doc, indent=2) if as_json else render_local(doc))
     status = doc.get("status")

@@ -14,9 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from stepscope.shared.datagram import INGEST_ENV, IngestURLError, parse_ingest_url
+
 # IngestAddress re-exported: the sender takes it from here
 from stepscope.shared.datagram import IngestAddress as IngestAddress
-from stepscope.shared.datagram import IngestURLError, parse_ingest_url
 
 log = logging.getLogger("stepscope.train")
 
@@ -62,10 +63,11 @@ def placement_from_env(env: Mapping[str, str]) -> Placement:
     return Placement(0, 0, 1)
 
 
-def parse_ingest(url: str) -> IngestAddress:
+def parse_ingest(url: str, origin: str = "ingest") -> IngestAddress:
     """Parse an ingest URL with the exporter's own grammar
-    (:func:`stepscope.shared.datagram.parse_ingest_url`); raise ``ValueError`` naming the URL
-    when it is malformed (``TypeError`` when it is not a string).
+    (:func:`stepscope.shared.datagram.parse_ingest_url`); raise ``ValueError`` naming where
+    the URL came from (``origin``: the ``ingest`` argument, or ``STEPSCOPE_INGEST``) when
+    it is malformed (``TypeError`` when it is not a string).
 
     Called once, when the reporter is made, never per step: a bad URL is a
     configuration error the job sees at start, not an exception in its loop."""
@@ -74,7 +76,22 @@ def parse_ingest(url: str) -> IngestAddress:
     try:
         return parse_ingest_url(url)
     except IngestURLError as err:
-        raise ValueError(f"ingest {url!r}: {err}") from None
+        fix = (
+            f"fix or unset {origin} (it must name the exporter's --ingest)"
+            if origin == INGEST_ENV
+            else "pass the exporter's --ingest URL"
+        )
+        raise ValueError(f"stepscope: {origin}={url!r}: {err}; {fix}") from None
+
+
+def ingest_from(argument: str | None, env: Mapping[str, str], default: str) -> IngestAddress:
+    """The reporter's ingest: the argument, else ``$STEPSCOPE_INGEST``, else ``default``;
+    an error names the one that was bad."""
+    if argument is not None:
+        return parse_ingest(argument)
+    if env.get(INGEST_ENV):
+        return parse_ingest(env[INGEST_ENV], INGEST_ENV)
+    return parse_ingest(default)
 
 
 def cuda_device_uuid(torch: Any, device: int) -> str | None:

@@ -40,8 +40,8 @@ from stepscope.shared.datagram import PendingStep, StepEncoder
 from stepscope.train import _nccl, ddp
 from stepscope.train._env import (
     cuda_device_uuid,
+    ingest_from,
     loaded_torch,
-    parse_ingest,
     placement_from_env,
 )
 from stepscope.train._sender import DatagramSender
@@ -228,8 +228,7 @@ class StepReporter:
         # Given explicitly (JAX, a launcher that knows the device), it wins over torch's.
         self._uuid_given = gpu_uuid is not None
         self.uuid: str | None = gpu_uuid
-        url = ingest if ingest is not None else os.environ.get(schema.INGEST_ENV)
-        self.ingest = parse_ingest(url or schema.DEFAULT_INGEST)
+        self.ingest = ingest_from(ingest, os.environ, schema.DEFAULT_INGEST)
         # The sender thread uses these, never the reporter (so it can be collected).
         self._encoders = _Encoders(
             job, self.rank, self.local_rank, self.world_size, precision, self.uuid

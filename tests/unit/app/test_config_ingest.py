@@ -90,9 +90,15 @@ def test_ingest_access_from_file_and_environment(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"STEPSCOPE_INGEST_MODE": "0755"}, "ingest_mode: expected a mode from 0200 to 0666"),
+        # issue 27: "write it as an octal string ... got '0777'" told a user who had
+        ({"STEPSCOPE_INGEST_MODE": "0755"},
+         "ingest_mode: execute bits mean nothing on a socket: use 0644"),
+        ({"STEPSCOPE_INGEST_MODE": "0777"},
+         "ingest_mode: execute bits mean nothing on a socket: use 0666 (read/write bits only; "
+         "0660 admits the owner and the group, 0666 every local user), got '0777' "
+         "(from $STEPSCOPE_INGEST_MODE)"),
         ({"STEPSCOPE_INGEST_MODE": "rw"}, "ingest_mode: expected an octal mode"),
-        ({"STEPSCOPE_INGEST_MODE": "0060"}, "ingest_mode: expected a mode from 0200"),
+        ({"STEPSCOPE_INGEST_MODE": "0060"}, "ingest_mode: expected read/write bits from 0200"),
         ({"STEPSCOPE_INGEST_GROUP": "no-such-group-x"},
          "ingest_group: no group named 'no-such-group-x' on this host (give the number)"),
         ({"STEPSCOPE_INGEST_ALLOW_UIDS": "root,4294967296"},
@@ -110,5 +116,6 @@ def test_bad_ingest_access_values_name_the_key(env: dict[str, str], message: str
 def test_a_yaml_mode_written_in_decimal_is_refused_with_a_hint(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("ingest_mode: 660\n")  # YAML: the number 660, not 0o660
-    with pytest.raises(ConfigError, match=r"write it as an octal string: '0660'"):
+    with pytest.raises(ConfigError, match=r"YAML reads 660 as a decimal number; write the mode "
+                       r"as a quoted octal string: '0660'"):
         load({"config": str(f)}, env={})
