@@ -28,3 +28,11 @@ def promtool() -> str:
 def prometheus_binary() -> str:
     """Path of the Prometheus server (Debian package prometheus)."""
     return require_tool("prometheus", "prometheus", "STEPSCOPE_REQUIRE_PROMTOOL")
+
+
+
+def image_tools() -> None:
+    """buildah and mmdebstrap: the image test builds with the first on a base made with
+    the second (Debian packages of the same names)."""
+    for tool in ("buildah", "mmdebstrap"):
+        require_tool(tool, tool, "STEPSCOPE_REQUIRE_BUILDAH")
