@@ -3,14 +3,17 @@
 # injects libnvidia-ml.so and /dev/nvidia* at start (NVIDIA_VISIBLE_DEVICES=all), so the
 # image stays small and works with whatever driver the node runs.
 #
-#   docker build -t stepscope .
+#   docker build -t stepscope .     # or buildah bud --format docker (keeps the HEALTHCHECK)
 #   docker run --rm --runtime nvidia -p 9400:9400 -v /run/stepscope:/run/stepscope stepscope
 #   docker run --rm -p 9400:9400 stepscope serve --simulate 4     # anywhere, no GPU
+# Building and pushing for the chart: docs/deploy/eks.md. tests/deploy/test_image.py builds
+# this file as it is (only PYTHON_IMAGE overridden) and runs it.
 
 # Pinned by digest, so every build starts from the same bytes whatever the tag points at
 # later; the tag is kept for people. Both stages must use the same Python (the venv links
-# to it). Digest of the multi-platform index (docker-library/repo-info).
-ARG PYTHON_IMAGE=python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
+# to it). Digest of the multi-platform index (docker-library/repo-info). Fully qualified:
+# buildah and podman refuse a short name without a terminal to ask on.
+ARG PYTHON_IMAGE=docker.io/library/python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
 
 # ---- build: install the package and its runtime dependencies into a venv
 FROM ${PYTHON_IMAGE} AS build
@@ -33,6 +36,8 @@ RUN /opt/stepscope/bin/pip install --no-compile ".${EXTRAS:+[$EXTRAS]}" \
 
 # ---- runtime: the venv, the interpreter, nothing to install packages with
 FROM ${PYTHON_IMAGE}
+ARG PYTHON_IMAGE
+# The package's version (stepscope.__version__), written here by python -m generate.
 ARG VERSION=0.1.0
 ARG REVISION=""
 LABEL org.opencontainers.image.title="stepscope" \
@@ -43,7 +48,7 @@ LABEL org.opencontainers.image.title="stepscope" \
       org.opencontainers.image.documentation="https://github.com/stepscope/stepscope/tree/main/docs" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.base.name="docker.io/library/python:3.11.16-slim-bookworm"
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 # The base image's pip, setuptools and wheel are not needed to run, and their advisories
 # would be ours: removed, with the user and the socket directory, in one layer.
 RUN rm -rf /usr/local/bin/pip /usr/local/bin/pip3* /usr/local/bin/wheel \

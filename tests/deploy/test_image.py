@@ -71,6 +71,7 @@ def test_the_image_runs_the_exporter_as_its_entrypoint_with_the_chart_defaults(
     assert "9400/tcp" in image.config["ExposedPorts"]
     labels = image.config["Labels"]
     assert labels["org.opencontainers.image.version"] == __version__
+    assert labels["org.opencontainers.image.base.name"] == image.base
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
 
 
