@@ -12,7 +12,7 @@
 # Pinned by digest, so every build starts from the same bytes whatever the tag points at
 # later; the tag is kept for people. Both stages must use the same Python (the venv links
 # to it). Digest of the multi-platform index (docker-library/repo-info). Fully qualified:
-# buildah and podman refuse a short name without a terminal to ask on.
+# buildah and podman resolve a short name through each machine's registries.conf.
 ARG PYTHON_IMAGE=docker.io/library/python:3.11.16-slim-bookworm@sha256:c425d915a89a6dcd3183b1797ad9bd8878caff5a417f6371c8df93c8ea8b727f
 
 # ---- build: install the package and its runtime dependencies into a venv
