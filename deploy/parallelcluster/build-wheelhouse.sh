@@ -1,8 +1,13 @@
 #!/bin/bash
 # Build what install-stepscope.sh installs from, on a machine with access to PyPI:
 #
-#   deploy/parallelcluster/build-wheelhouse.sh OUT [PYTHON_VERSION...]
+#   deploy/parallelcluster/build-wheelhouse.sh [--extras auth,...] OUT [PYTHON_VERSION...]
 #   aws s3 sync OUT s3://BUCKET/stepscope/        # or copy OUT to a shared filesystem
+#
+# --extras   optional features the nodes install too, as pip extras of stepscope:
+#            auth (bcrypt, for basic_auth_users in --web-config), aws, kubernetes.
+#            Their wheels go into the wheelhouse and OUT/extras names them, which
+#            install-stepscope.sh reads: the nodes install stepscope[auth].
 #
 # OUT gets stepscope.service, the Slurm prolog/epilog, install-stepscope.sh and
 # wheelhouse/: the stepscope wheel built from this checkout, binary wheels of every
@@ -12,7 +17,16 @@
 # nodes run pip from. Run with a Python >= 3.10 that has pip.
 set -euo pipefail
 
-out="${1:?usage: build-wheelhouse.sh OUT [PYTHON_VERSION...]}"
+usage="usage: build-wheelhouse.sh [--extras auth,...] OUT [PYTHON_VERSION...]"
+extras="${EXTRAS:-}"
+if [ "${1:-}" = --extras ]; then
+    extras="${2:?$usage}"
+    shift 2
+fi
+case "$extras" in
+    *[!a-z0-9,_-]*) echo "build-wheelhouse.sh: --extras takes names such as auth or auth,aws, got '$extras'" >&2; exit 2 ;;
+esac
+out="${1:?$usage}"
 shift
 versions=("$@")
 if [ ${#versions[@]} -eq 0 ]; then versions=(3.10 3.11 3.12); fi
@@ -25,14 +39,16 @@ mkdir -p "$wheelhouse"
 
 "$py" -m pip wheel --no-deps --wheel-dir "$wheelhouse" "$repo"
 stepscope_wheel="$(find "$wheelhouse" -maxdepth 1 -name 'stepscope-*.whl' | sort -V | tail -n 1)"
+requirement="$stepscope_wheel${extras:+[$extras]}"
 for version in "${versions[@]}"; do
     for platform in manylinux_2_28_x86_64 manylinux_2_28_aarch64; do
         "$py" -m pip download --only-binary=:all: --python-version "$version" \
-            --platform "$platform" --dest "$wheelhouse" "$stepscope_wheel"
+            --platform "$platform" --dest "$wheelhouse" "$requirement"
     done
 done
+if [ -n "$extras" ]; then echo "$extras" >"$out/extras"; else rm -f "$out/extras"; fi
 "$py" -m pip download --only-binary=:all: --no-deps --dest "$wheelhouse" pip
 
 cp "$repo/systemd/stepscope.service" "$here/install-stepscope.sh" \
     "$here/slurm-prolog.sh" "$here/slurm-epilog.sh" "$out/"
-echo "$out: $(find "$wheelhouse" -name '*.whl' | wc -l) wheels"
+echo "$out: $(find "$wheelhouse" -name '*.whl' | wc -l) wheels${extras:+, extras $extras}"

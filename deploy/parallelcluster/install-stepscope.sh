@@ -8,7 +8,8 @@
 #            s3://BUCKET/PREFIX, or a directory on a shared filesystem (/fsx/stepscope).
 #            It holds stepscope.service, slurm-prolog.sh, slurm-epilog.sh and wheelhouse/
 #            (the stepscope wheel, its dependencies' wheels for the nodes' Python
-#            versions and CPU, and pip's wheel).
+#            versions and CPU, and pip's wheel), and `extras` when it was built with
+#            --extras (auth: bcrypt for basic auth): then stepscope[EXTRAS] is installed.
 # --role     compute (default): the exporter as a hardened systemd unit.
 #            head: the Slurm prolog/epilog when --hpc-job is given, nothing else.
 #            (Given explicitly: ParallelCluster does not support reading the node type
@@ -141,7 +142,7 @@ install_slurm_scripts() {
 }
 
 install_exporter() {
-    local py wheelhouse pip_wheel nologin
+    local py wheelhouse pip_wheel nologin extras requirement
     py="$(pick_python)" || give_up "no suitable Python"
     log "using $py ($("$py" -c 'import platform; print(platform.python_version())' 2>&1))"
 
@@ -162,10 +163,20 @@ install_exporter() {
     mkdir -p "$(dirname "$ROOT$VENV")"
     "$py" -m venv --without-pip "$ROOT$VENV" >>"$LOG" 2>&1 ||
         give_up "$py -m venv failed (see $LOG)"
+    # the optional features the release was built with (build-wheelhouse.sh --extras)
+    extras=""
+    if fetch extras "$staging/extras" 2>/dev/null; then
+        read -r extras <"$staging/extras" || true
+        extras="${extras//[[:space:]]/}"
+        case "$extras" in
+            *[!a-z0-9,_-]*) give_up "$source_dir/extras must name extras such as auth, got '$extras'" ;;
+        esac
+    fi
+    requirement="stepscope${extras:+[$extras]}"
     PIP_CONFIG_FILE=/dev/null "$ROOT$VENV/bin/python" "$pip_wheel/pip" install \
         --no-index --find-links "$wheelhouse" --no-cache-dir --disable-pip-version-check \
-        --quiet stepscope >>"$LOG" 2>&1 ||
-        give_up "pip could not install stepscope from $source_dir/wheelhouse for Python $("$py" -V 2>&1) (see $LOG: a wheel for this Python or CPU is missing?)"
+        --quiet "$requirement" >>"$LOG" 2>&1 ||
+        give_up "pip could not install $requirement from $source_dir/wheelhouse for Python $("$py" -V 2>&1) (see $LOG: a wheel for this Python or CPU is missing?)"
     "$ROOT$VENV/bin/stepscope" --version >>"$LOG" 2>&1 ||
         give_up "the installed stepscope does not run (see $LOG)"
 
@@ -179,10 +190,21 @@ install_exporter() {
         give_up "cannot install the unit"
     if [ ! -e "$ROOT/etc/default/stepscope" ]; then
         {
-            echo "# stepscope settings: STEPSCOPE_<NAME>=value (see the README)"
+            echo "# stepscope settings: STEPSCOPE_<NAME>=value (see the README). systemd reads"
+            echo "# this file at start only: systemctl restart stepscope after a change."
+            echo "# Settings here win over /etc/stepscope/config.yaml."
             echo "STEPSCOPE_INTERVAL=1"
             if [ "$hpc_job" = yes ]; then echo "STEPSCOPE_HPC_JOB_DIR=$JOBS_DIR"; fi
         } >"$ROOT/etc/default/stepscope" || give_up "cannot write /etc/default/stepscope"
+    fi
+    mkdir -p "$ROOT/etc/stepscope" || give_up "cannot create /etc/stepscope"
+    if [ ! -e "$ROOT/etc/stepscope/config.yaml" ]; then
+        {
+            echo "# stepscope settings (YAML, keys of the README's table), e.g."
+            echo "#   host_label: hostname"
+            echo "# systemctl reload stepscope re-reads this file; a change to listen, ingest"
+            echo "# or web_config needs systemctl restart stepscope (the reload says so)."
+        } >"$ROOT/etc/stepscope/config.yaml" || give_up "cannot write /etc/stepscope/config.yaml"
     fi
     dropin="$ROOT/etc/systemd/system/stepscope.service.d"
     rm -f "$dropin/ingest-group.conf"

@@ -15,12 +15,13 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import yaml
 
+from stepscope.app.config import load
 from tests.support import REPO
 
 PCLUSTER = REPO / "deploy" / "parallelcluster"
@@ -37,6 +38,8 @@ def _wheel(dest: Path, name: str, version: str, files: dict[str, str],
     """A pure-Python wheel with a correct RECORD, made here (no build backend needed)."""
     dist = f"{name}-{version}.dist-info"
     meta = [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"]
+    meta += [f"Provides-Extra: {r.split('extra == ')[1].strip(chr(34))}\n"
+             for r in requires if "extra == " in r]
     meta += [f"Requires-Dist: {r}\n" for r in requires]
     content = {
         **files,
@@ -73,17 +76,24 @@ def _pip_wheel() -> Path:
     return candidates[-1]
 
 
-def make_release(dest: Path, *, with_pip: bool = True, requires: tuple[str, ...] = ()) -> Path:
+def make_release(
+    dest: Path, *, with_pip: bool = True, requires: tuple[str, ...] = (), extras: str = ""
+) -> Path:
     """What build-wheelhouse.sh puts in S3 or on a shared filesystem, with a stand-in
-    stepscope (a console script that prints its version) and a helper dependency."""
+    stepscope (a console script that prints its version), a helper dependency, and an
+    ``auth`` extra's dependency (installed only with ``extras``)."""
     wheelhouse = dest / "wheelhouse"
     wheelhouse.mkdir(parents=True)
     _wheel(
         wheelhouse, "stepscope", "9.9.9",
         {"stepscope/__init__.py": "def main():\n    print('stepscope 9.9.9')\n"},
-        requires=("stepscope-helper", *requires), scripts={"stepscope": "stepscope:main"},
+        requires=("stepscope-helper", 'stepscope-auth-helper; extra == "auth"', *requires),
+        scripts={"stepscope": "stepscope:main"},
     )
     _wheel(wheelhouse, "stepscope_helper", "1.0", {"stepscope_helper.py": ""})
+    _wheel(wheelhouse, "stepscope_auth_helper", "1.0", {"stepscope_auth_helper.py": ""})
+    if extras:
+        (dest / "extras").write_text(extras + "\n")
     if with_pip:
         shutil.copy2(_pip_wheel(), wheelhouse)
     shutil.copy2(UNIT, dest / "stepscope.service")
@@ -183,6 +193,14 @@ def test_installs_from_a_shared_filesystem_wheelhouse_without_network(
     assert unit.read_text() == UNIT.read_text()
     defaults = (node.root / "etc" / "default" / "stepscope").read_text()
     assert "STEPSCOPE_INTERVAL=1" in defaults and "HPC_JOB" not in defaults
+    # the YAML file the unit passes as --config and `systemctl reload` re-reads: a
+    # commented template the exporter loads as no settings
+    config = node.root / "etc" / "stepscope" / "config.yaml"
+    assert "host_label: hostname" in config.read_text()
+    defaults_only = load({}, env={"NODE_NAME": "n"})
+    assert load({"config": str(config)}, env={"NODE_NAME": "n"}) == replace(
+        defaults_only, config_file=config
+    )
     commands = [c for c in node.calls if not c.startswith("logger ")]
     assert commands[-2:] == ["systemctl daemon-reload", "systemctl enable --now stepscope.service"]
     assert any(c.startswith("useradd --system") and c.endswith(" stepscope") for c in node.calls)
@@ -212,14 +230,72 @@ def test_installs_from_s3_through_the_aws_cli(node: Node, tmp_path: Path) -> Non
     ).read_text()
 
 
+def _installed(node: Node, module: str) -> bool:
+    venv = node.root / "opt" / "stepscope"
+    return bool(list(venv.glob(f"lib/python*/site-packages/{module}.py")))
+
+
+def test_a_release_built_with_extras_installs_them(node: Node, tmp_path: Path) -> None:
+    """Issue 27: the wheelhouse could not carry extras, so basic auth (bcrypt) could not
+    be installed on a node without an index. build-wheelhouse.sh --extras auth writes
+    OUT/extras; the install reads it."""
+    release = make_release(tmp_path / "release", extras="auth")
+    node.python("python3", (3, 11))
+    run = node.run(str(release))
+    assert run.returncode == 0 and "ERROR" not in run.stderr, run.stderr + node.log
+    assert _installed(node, "stepscope_auth_helper") and _installed(node, "stepscope_helper")
+
+
+def test_a_release_without_extras_installs_none(node: Node, tmp_path: Path) -> None:
+    release = make_release(tmp_path / "release")
+    node.python("python3", (3, 11))
+    assert node.run(str(release)).returncode == 0
+    assert _installed(node, "stepscope_helper") and not _installed(node, "stepscope_auth_helper")
+
+
+def test_build_wheelhouse_downloads_the_extras_and_names_them(tmp_path: Path) -> None:
+    """Against a stand-in Python that records its pip calls (the real one needs PyPI)."""
+    calls = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        'if [ "$3" = wheel ]; then touch "$6/stepscope-1.0.0-py3-none-any.whl"; fi\n'
+    )
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    run = subprocess.run(
+        ["bash", str(PCLUSTER / "build-wheelhouse.sh"), "--extras", "auth", str(out), "3.11"],
+        env={**os.environ, "PYTHON": str(fake)}, capture_output=True, text=True, timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    downloads = [c for c in calls.read_text().splitlines() if " download " in f" {c} "
+                 and "stepscope-1.0.0" in c]
+    assert len(downloads) == 2  # x86_64 and aarch64
+    assert all(c.endswith("stepscope-1.0.0-py3-none-any.whl[auth]") for c in downloads)
+    assert (out / "extras").read_text() == "auth\n"
+    assert run.stdout.strip().endswith("wheels, extras auth")
+    bad = subprocess.run(
+        ["bash", str(PCLUSTER / "build-wheelhouse.sh"), "--extras", "auth;rm", str(out)],
+        env={**os.environ, "PYTHON": str(fake)}, capture_output=True, text=True, timeout=60,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr == (
+        "build-wheelhouse.sh: --extras takes names such as auth or auth,aws, got 'auth;rm'\n"
+    )
+
+
 def test_an_existing_settings_file_is_kept(node: Node, tmp_path: Path) -> None:
     release = make_release(tmp_path / "release")
     node.python("python3", (3, 11))
     settings = node.root / "etc" / "default" / "stepscope"
     settings.parent.mkdir(parents=True)
     settings.write_text("STEPSCOPE_INTERVAL=5\n")
+    config = node.root / "etc" / "stepscope" / "config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("host_label: hostname\n")
     assert node.run(str(release)).returncode == 0
     assert settings.read_text() == "STEPSCOPE_INTERVAL=5\n"
+    assert config.read_text() == "host_label: hostname\n"
 
 
 # ---- the images' Pythons

@@ -5,13 +5,19 @@ mapping directory."""
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import signal
+import socket
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, wait_for
+from tests.support.exporter import STARTED
+from tests.support.ports import free_port
 from tests.support.tools import require_tool
 
 UNIT = REPO / "systemd" / "stepscope.service"
@@ -95,10 +101,73 @@ def test_unit_lifecycle_socket_directory_and_settings() -> None:
     assert svc["RestartPreventExitStatus"] == ["2"], "config errors must not restart-loop"
     assert svc["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
     assert svc["EnvironmentFile"] == ["-/etc/default/stepscope"]
-    assert svc["ExecStart"] == ["/opt/stepscope/bin/stepscope serve"]
+    assert svc["ExecStart"] == [
+        "/bin/sh -c 'set -- serve; if [ -e /etc/stepscope/config.yaml ]; then set -- serve "
+        "--config /etc/stepscope/config.yaml; fi; exec /opt/stepscope/bin/stepscope \"$$@\"'"
+    ]
     assert _unit()["Install"]["WantedBy"] == ["multi-user.target"]
     # file descriptors for max_connections (512 by default) and the rest, with room
     assert int(svc["LimitNOFILE"][0]) >= 2 * 512
+
+
+def _exec_start(config: Path) -> list[str]:
+    """The unit's ExecStart as argv, run here: this checkout's stepscope, ``config`` for
+    /etc/stepscope/config.yaml, systemd's `$$` unescaped."""
+    line = _unit()["Service"]["ExecStart"][0].replace("$$", "$")
+    line = line.replace("/opt/stepscope/bin/stepscope", shutil.which("stepscope") or "stepscope")
+    return shlex.split(line.replace("/etc/stepscope/config.yaml", str(config)))
+
+
+def _start_unit(config: Path) -> tuple[subprocess.Popen[str], str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPSCOPE_")}
+    env.update(STEPSCOPE_SIMULATE="1", STEPSCOPE_LISTEN=f"127.0.0.1:{port}",
+               STEPSCOPE_INGEST=f"udp://127.0.0.1:{free_port(socket.SOCK_DGRAM)}")
+    proc = subprocess.Popen(_exec_start(config), env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    STARTED.append(proc)
+    return proc, f"http://127.0.0.1:{port}/metrics"
+
+
+def _scrape(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return str(resp.read().decode())
+    except OSError:
+        return ""
+
+
+def test_the_unit_reads_the_config_file_the_docs_name_and_reload_applies_it(
+    tmp_path: Path,
+) -> None:
+    """docs/deploy/parallelcluster.md: `host_label` in /etc/stepscope/config.yaml, then
+    `systemctl reload stepscope` (the unit's ExecReload: SIGHUP to the main process). The
+    unit never passed --config, so the file was never read (issue 27)."""
+    doc = (REPO / "docs" / "deploy" / "parallelcluster.md").read_text()
+    assert "`host_label` in `/etc/stepscope/config.yaml`" in doc
+    assert "systemctl reload stepscope" in doc
+    assert _unit()["Service"]["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    config = tmp_path / "config.yaml"
+    config.write_text("host_label: hostname\n")
+    proc, url = _start_unit(config)
+    try:
+        assert wait_for(lambda: 'DCGM_FI_DEV_GPU_UTIL{gpu="0"' in (body := _scrape(url))
+                        and 'hostname="' in body)
+        config.write_text("host_label: Hostname\n")
+        proc.send_signal(signal.SIGHUP)  # $MAINPID: sh exec'd stepscope, one process
+        assert wait_for(lambda: 'Hostname="' in _scrape(url))
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=15) == 0
+
+
+def test_the_unit_starts_without_a_config_file(tmp_path: Path) -> None:
+    proc, url = _start_unit(tmp_path / "absent.yaml")
+    try:
+        assert wait_for(lambda: "DCGM_FI_DEV_GPU_UTIL" in _scrape(url))
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=15) == 0
 
 
 def _words(values: list[str]) -> set[str]:
