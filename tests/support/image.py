@@ -85,9 +85,9 @@ def _locked() -> Iterator[None]:
         yield
 
 
-def _run(args: Sequence[str], timeout: float = 600, **kw: Any) -> str:
+def _run(args: Sequence[str], timeout: float = 600) -> str:
     done = subprocess.run(list(args), capture_output=True, text=True, env=ENV,
-                          timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+                          timeout=timeout, stdin=subprocess.DEVNULL)
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(args[:3])} ... exited {done.returncode}:\n"
                              f"{(done.stdout + done.stderr)[-3000:]}")
