@@ -31,7 +31,7 @@ def quickstart() -> str:
     blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
     found = [b for b in blocks if "stepscope serve --simulate 4 &" in b]
     assert len(found) == 1, "the README's quickstart block is gone"
-    return found[0]
+    return str(found[0])
 
 
 def _run_as(argv_prefix: list[str], path: str, workdir: Path) -> tuple[str, str]:
