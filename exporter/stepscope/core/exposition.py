@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from prometheus_client.metrics_core import Metric
 
@@ -22,6 +23,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 GAUGE = "gauge"
 COUNTER = "counter"
 HISTOGRAM = "histogram"
+SUMMARY = "summary"
+UNTYPED = "untyped"
 
 
 def format_value(value: float) -> str:
@@ -65,21 +68,51 @@ def join_labels(prefix: str, extra: str) -> str:
     return prefix[:-1] + "," + extra[1:]
 
 
+class NativeHistogram(NamedTuple):
+    """The exponential buckets of one histogram series (a Prometheus native histogram).
+
+    Bucket ``i`` holds the observations in ``(2**((i-1) / 2**schema), 2**(i / 2**schema)]``;
+    ``counts[k]`` is bucket ``offset + k`` (not cumulative; zeros allowed, trailing ones
+    too). Observations at most ``zero_threshold`` are ``zero_count``. Count and sum are the
+    family's ``_count`` and ``_sum`` samples. Only the protobuf exposition writes it
+    (:mod:`stepscope.core.exposition_proto`); the text format has no native histograms.
+    """
+
+    schema: int
+    zero_threshold: float
+    zero_count: int
+    offset: int
+    counts: tuple[int, ...]
+
+
 @dataclass
 class Family:
     """A metric family ready to write: each sample is (name suffix, labels, value).
 
     ``labels`` is an already rendered label string (see :func:`label_string`), so
-    a label set that repeats across families (a GPU's) is escaped once.
+    a label set that repeats across families (a GPU's) is escaped once; the protobuf
+    writer reads the pairs back from it (cached by string).
+
+    ``native``: for a histogram (or a summary whose distribution is kept), each series'
+    exponential buckets by its label string (that of its ``_sum`` and ``_count``). The
+    protobuf exposition writes such a series as one native histogram; the text format
+    ignores it.
     """
 
     name: str
     type: str
     help: str
     samples: list[tuple[str, str, float]] = field(default_factory=list)
+    native: dict[str, NativeHistogram] | None = None
 
     def add(self, labels: str, value: float, suffix: str = "") -> None:
         self.samples.append((suffix, labels, value))
+
+    def add_native(self, labels: str, histogram: NativeHistogram) -> None:
+        """Attach the exponential buckets of the series whose labels are ``labels``."""
+        if self.native is None:
+            self.native = {}
+        self.native[labels] = histogram
 
     @classmethod
     def single(cls, name: str, type: str, help: str, value: float, labels: str = "") -> Family:

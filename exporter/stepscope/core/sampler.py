@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepscope.core import memory
-from stepscope.core.exposition import Family, render
+from stepscope.core.exposition import Family
 from stepscope.core.health import health_families, process_families
 from stepscope.core.labels import (
     GPU_IDENTITY_LABELS,
@@ -137,15 +137,17 @@ class ReadForecast:
         self._reads: deque[float] = deque(maxlen=2 * MAX_READERS + 2)
         self._learnt = -math.inf  # when the pass that learnt of the latest read started
         self.gzip = False  # whether the latest read asked for the gzip form
+        self.protobuf = False  # whether it asked for the protobuf form
 
-    def saw(self, at: float, gzip: bool, now: float) -> None:
-        """A published snapshot was first read at ``at`` (gzip: in its gzip form); the
-        pass starting ``now`` learns of it."""
+    def saw(self, at: float, gzip: bool, now: float, protobuf: bool = False) -> None:
+        """A published snapshot was first read at ``at`` (gzip: in its gzip form;
+        protobuf: in the protobuf format); the pass starting ``now`` learns of it."""
         reads = self._reads
         if not reads or at > reads[-1]:
             reads.append(at)
         self._learnt = now
         self.gzip = gzip
+        self.protobuf = protobuf
 
     def expected(self, interval: float) -> list[float] | None:
         """The next read of each reader, or None while no period shows."""
@@ -366,7 +368,9 @@ class Sampler:
         if previous is None:  # the first pass is made ready: a scraper may be waiting
             self._reads.saw(start, False, start)
         elif previous.read_at is not None:
-            self._reads.saw(previous.read_at, previous.gzip_requested, start)
+            self._reads.saw(
+                previous.read_at, previous.gzip_requested, start, previous.protobuf_requested
+            )
         # A pass a scraper is expected to read is rendered ahead (its analyses run in
         # full); the others only when someone asks.
         due = self._reads.due(start, settings.interval)
@@ -376,12 +380,12 @@ class Sampler:
         pieces = [(entry, entry.part) for entry in live]
         analysed = [(timed, timed.result, timed.snapshot) for timed in self._analyses]
 
-        def exposition() -> bytes:
-            return render(self._render(pieces, analysed, labels, snapshot))
+        def families() -> list[Family]:
+            return self._render(pieces, analysed, labels, snapshot)
 
-        published = Published(snapshot, results, exposition, self._clock)
+        published = Published(snapshot, results, families, self._clock)
         if due:
-            published.render_ahead(gzipped=self._reads.gzip)
+            published.render_ahead(gzipped=self._reads.gzip, protobuf=self._reads.protobuf)
         self._latest = published
         self.passes += 1
         return published

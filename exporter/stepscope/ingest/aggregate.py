@@ -46,8 +46,10 @@ from functools import cached_property
 from types import MappingProxyType
 from typing import NamedTuple, cast
 
+from stepscope.core.exposition import NativeHistogram
 from stepscope.core.labels import RankIdentity
 from stepscope.core.source import PartKey
+from stepscope.ingest.native import NativeCounts
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS, PeakTable
 from stepscope.shared.datagram import DEFAULT_PRECISION, REJECT_REASONS, Limits, Phases, StepRecord
 
@@ -134,6 +136,8 @@ class RankView(NamedTuple):
     nccl_transport: str | None = None
     # the rank's identity, made once when it is first seen (identity is fixed)
     ident: RankIdentity | None = None
+    # the measured steps' times in exponential buckets (served as a native histogram)
+    native: NativeHistogram | None = None
 
     @property
     def measured_steps(self) -> int:
@@ -206,6 +210,7 @@ class _RankState:
     last_seen: float = 0.0
     dropped: int = 0
     nccl_transport: str | None = None
+    native: NativeCounts = field(default_factory=NativeCounts)
     # (second, flops, first start, last end) per whole second of receive time: the
     # current second a list, updated in place; a complete one a tuple, which the garbage
     # collector stops tracking (at 512 ranks, ~16,000 objects fewer in each collection)
@@ -239,6 +244,7 @@ class _RankState:
         dur = rec.dur
         self.buckets[bisect_left(STEP_BUCKETS, dur)] += 1
         self.dur_sum += dur
+        self.native.observe(dur)
         self.data_wait += rec.data_wait
         self.compute += rec.compute
         self.comm += rec.comm
@@ -323,6 +329,7 @@ class _RankState:
             self.achieved(now, window),
             self.nccl_transport,
             self.ident,
+            self.native.view(),
         )
 
 

@@ -108,6 +108,8 @@ def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
         for le, count in zip(_LE, r.bucket_counts, strict=True):
             cumulative += count
             duration.add(join_labels(lbl, le), float(cumulative), "_bucket")
+        if r.native is not None:  # one native histogram a rank (protobuf scrapes only)
+            duration.add_native(lbl, r.native)
         duration.add(lbl, r.step_seconds_sum, "_sum")
         duration.add(lbl, float(measured), "_count")
         steps.add(lbl, float(r.steps))

@@ -1,6 +1,7 @@
 """The HTTP side: serves the latest published Snapshot, never calls a source.
 
-Routes: ``/metrics`` (text exposition, gzip when asked), ``/healthz`` (the process
+Routes: ``/metrics`` (text exposition, or the protobuf one when the scraper prefers it
+(:func:`wants_protobuf`), gzip when asked), ``/healthz`` (the process
 answers), ``/readyz`` (a snapshot newer than three intervals exists), and the pages a
 domain package adds (the diagnosis adds ``/`` and ``/api/v1/diagnosis``). A page is
 rendered at most once per snapshot (and readiness): many clients cost one rendering.
@@ -17,8 +18,9 @@ from typing import Protocol, TypeVar
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from stepscope.core import exposition_proto
 from stepscope.core.exposition import CONTENT_TYPE
-from stepscope.core.snapshot import BODY, GZIP, Published
+from stepscope.core.snapshot import BODY, GZIP, PROTOBUF, PROTOBUF_GZIP, Published
 
 T = TypeVar("T")
 
@@ -70,6 +72,53 @@ def _accepts_gzip(request: web.Request) -> bool:
     return False
 
 
+def _media_ranges(accept: str) -> list[tuple[str, dict[str, str]]]:
+    """An Accept header's media ranges, most preferred first: by q-value, then exact
+    types before ``type/*`` before ``*/*`` (ties keep their order); q=0 ranges, which
+    refuse a type, are left out."""
+    ranges: list[tuple[float, int, str, dict[str, str]]] = []
+    for part in accept.split(","):
+        media, *params = part.split(";")
+        kind = media.strip().lower()
+        if not kind:
+            continue
+        q = 1.0
+        named: dict[str, str] = {}
+        for param in params:
+            key, _, value = param.partition("=")
+            key, value = key.strip().lower(), value.strip().strip('"')
+            if key == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+            else:
+                named[key] = value
+        if q > 0:
+            precision = 0 if kind == "*/*" else 1 if kind.endswith("/*") else 2
+            ranges.append((-q, -precision, kind, named))
+    ranges.sort(key=lambda r: (r[0], r[1]))
+    return [(kind, named) for _, _, kind, named in ranges]
+
+
+def wants_protobuf(accept: str) -> bool:
+    """Whether the scraper prefers the protobuf exposition, as client_golang's
+    ``expfmt.Negotiate`` decides: the first acceptable range that names a format served
+    here wins; delimited MetricFamily messages and text 0.0.4 are served (the protobuf
+    text encodings and OpenMetrics are not, so they never win); anything else, ``*/*``
+    or no header, is text."""
+    for kind, params in _media_ranges(accept):
+        if (
+            kind == "application/vnd.google.protobuf"
+            and params.get("proto") == "io.prometheus.client.MetricFamily"
+            and params.get("encoding") == "delimited"
+        ):
+            return True
+        if kind == "text/plain" and params.get("version", "0.0.4") == "0.0.4":
+            return False
+    return False
+
+
 def readiness(latest: Published | None, now: float) -> tuple[bool, str]:
     """Whether a fresh snapshot exists, and a one-line reason."""
     if latest is None:
@@ -94,12 +143,20 @@ def make_app(
         latest = source.latest
         if latest is None:
             return web.Response(status=503, text="no snapshot yet\n")
-        headers = {"Content-Type": CONTENT_TYPE, "Vary": "Accept-Encoding", **NOSNIFF}
-        if _accepts_gzip(request):
-            headers["Content-Encoding"] = "gzip"
-            body = await _off_loop(latest, GZIP, latest.gzipped)
+        gz = _accepts_gzip(request)
+        headers = {"Vary": "Accept, Accept-Encoding", **NOSNIFF}
+        if wants_protobuf(request.headers.get("Accept", "")):
+            headers["Content-Type"] = exposition_proto.CONTENT_TYPE
+            key = PROTOBUF_GZIP if gz else PROTOBUF
+            body = await _off_loop(latest, key, lambda: latest.protobuf(gz))
         else:
-            body = await _off_loop(latest, BODY, lambda: latest.body)
+            headers["Content-Type"] = CONTENT_TYPE
+            if gz:
+                body = await _off_loop(latest, GZIP, latest.gzipped)
+            else:
+                body = await _off_loop(latest, BODY, lambda: latest.body)
+        if gz:
+            headers["Content-Encoding"] = "gzip"
         return web.Response(body=body, headers=headers)
 
     async def healthz(request: web.Request) -> web.Response:
