@@ -22,6 +22,9 @@ from tests.support import REPO, parse_samples, wait_for
 from tests.support.exporter import start_exporter
 from tests.support.paths import source_tree
 
+# an isolated build and two venvs installing the dependencies from the package index
+pytestmark = pytest.mark.timeout(600)
+
 SCENARIOS = sorted(p.name for p in (REPO / "exporter/stepscope/gpu/scenarios").glob("*.yaml"))
 
 

@@ -24,6 +24,8 @@ from tests.support.tools import image_tools
 
 # the Dockerfile's USER: numeric, so Kubernetes' runAsNonRoot can check it
 USER = "10001:10001"
+# a machine's first run makes the base (mmdebstrap downloads ~60 MB of packages)
+pytestmark = pytest.mark.timeout(900)
 
 
 @pytest.fixture(scope="module")
