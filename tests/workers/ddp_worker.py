@@ -60,4 +60,10 @@ def main() -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    # Not sys.exit: at interpreter teardown torch's C++ threads (gloo, autograd) abort
+    # now and then with "terminate called without an active exception" (SIGABRT) after
+    # the rank's work is done and reported; seen once in three full suite runs on 2 busy
+    # cores. The test judges the rank by what it printed and sent, not by that teardown.
+    os._exit(code)
