@@ -7,6 +7,7 @@ import re
 import subprocess
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,16 @@ CLUSTER = "e2e"
 
 
 class Prometheus:
-    """A prometheus server process on a free loopback port, TSDB in a tmp dir."""
+    """A prometheus server process on a free loopback port, TSDB in a tmp dir.
+
+    ``flags``: more command-line flags (``--enable-feature=native-histograms``);
+    ``**job``: more settings of the scrape job."""
 
     host_label = "Hostname"
 
     def __init__(
-        self, tmp: Path, targets: list[str], rules_dir: Path, **job: Any
+        self, tmp: Path, targets: list[str], rules_dir: Path, flags: Sequence[str] = (),
+        **job: Any,
     ) -> None:
         rules = shortened_rules(tmp / "rules", rules_dir)
         config = {
@@ -47,7 +52,7 @@ class Prometheus:
             [prometheus_binary(), f"--config.file={tmp / 'prometheus.yml'}",
              f"--storage.tsdb.path={tmp / 'data'}",
              f"--web.listen-address={self.url.removeprefix('http://')}",
-             "--log.level=warn"],
+             "--log.level=warn", *flags],
             stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(lambda: self.ready(), timeout=30, interval=0.2)
 
