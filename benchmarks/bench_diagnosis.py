@@ -9,7 +9,9 @@ without waiting. After the window is full, it times the next passes (median of
 ``--passes``): the whole pass as nobody reads it (reads, label schema, the window; above
 64 ranks the verdicts only every 5 s), the diagnosis alone when it makes verdicts
 (``DiagnosisAnalysis.run``), the rendering of each pass's ``/metrics`` (what a scrape of it
-costs, made once per read) and of the diagnosis's families within it, plus one rendering
+costs, made once per read), in text and in protobuf (what a Prometheus with native
+histograms reads; its families built anew, as for a scraper that reads only protobuf), and
+of the diagnosis's families within it, plus one rendering
 of ``/api/v1/diagnosis`` and of the status page (made once per snapshot, whatever the
 request rate), and the full collection the sampler runs once a minute (the collector
 runs as under ``stepscope serve``: start-up objects frozen, the oldest generation never
@@ -132,6 +134,7 @@ def measure(ranks: int, window: float, timed_passes: int = 20, host: bool = Fals
                       wall_clock=lambda: 1.7e9 + clock.t)  # fmt: skip
     step = 0
     renders: list[float] = []
+    proto_renders: list[float] = []
 
     def one_second() -> float:
         nonlocal step
@@ -146,7 +149,10 @@ def measure(ranks: int, window: float, timed_passes: int = 20, host: bool = Fals
         published = sampler.sample_once()
         t1 = time.thread_time()
         published.render()  # what a scrape of this pass costs (not asking: no forecast)
-        renders.append(time.thread_time() - t1)
+        t2 = time.thread_time()
+        renders.append(t2 - t1)
+        published.render_protobuf()  # the same for a protobuf scraper
+        proto_renders.append(time.thread_time() - t2)
         return t1 - t0
 
     # the collector as `stepscope serve` runs it: start-up objects frozen, the oldest
@@ -157,7 +163,7 @@ def measure(ranks: int, window: float, timed_passes: int = 20, host: bool = Fals
     try:
         for _ in range(int(window) + 2):  # fill the window
             one_second()
-        del diagnosis.run_s[:], diagnosis.families_s[:], renders[:]
+        del diagnosis.run_s[:], diagnosis.families_s[:], renders[:], proto_renders[:]
         passes = []
         for n in range(1, timed_passes + 1):
             passes.append(one_second())
@@ -183,6 +189,9 @@ def measure(ranks: int, window: float, timed_passes: int = 20, host: bool = Fals
         "diagnosis_ms": statistics.median(diagnosis.run_s) * 1e3,
         "families_ms": statistics.median(diagnosis.families_s) * 1e3,
         "render_ms": statistics.median(renders) * 1e3,
+        "render_kb": len(latest.render()) / 1024,
+        "proto_ms": statistics.median(proto_renders) * 1e3,
+        "proto_kb": len(latest.render_protobuf()) / 1024,
         "api_ms": api_s * 1e3,
         "api_kb": len(body) / 1024,
         "page_ms": page_s * 1e3,
@@ -248,15 +257,17 @@ def main() -> int:
         return 0
     print("| ranks | window s | pass ms (median) | pass ms (max) | diagnosis ms (when made) "
           "| its families ms | core share at 1 s | full collection ms (once a minute) | "
-          "/metrics render ms (once per read) | /api/v1/diagnosis ms, KB (once per pass) | "
-          "status page ms, KB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "/metrics render ms, KB (once per read) | protobuf render ms, KB (once per read) | "
+          "/api/v1/diagnosis ms, KB (once per pass) | status page ms, KB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for window in args.windows:
         for ranks in args.ranks:
             r = measure(ranks, window, args.passes, args.host)
             print(f"| {ranks} | {window:g} | {r['pass_ms']:.1f} | {r['pass_max_ms']:.1f} | "
                   f"{r['diagnosis_ms']:.1f} | {r['families_ms']:.1f} | "
-                  f"{100 * r['core_share']:.1f}% | {r['collect_ms']:.1f} | {r['render_ms']:.1f} | "
+                  f"{100 * r['core_share']:.1f}% | {r['collect_ms']:.1f} | "
+                  f"{r['render_ms']:.1f}, {r['render_kb']:.0f} | "
+                  f"{r['proto_ms']:.1f}, {r['proto_kb']:.0f} | "
                   f"{r['api_ms']:.1f}, {r['api_kb']:.0f} | {r['page_ms']:.1f}, "
                   f"{r['page_kb']:.0f} |", flush=True)
     return 0

@@ -11,6 +11,7 @@ import pytest
 from stepscope.core.exposition import Family, NativeHistogram, label_string, render
 from stepscope.core.exposition_proto import parse_labels, render_protobuf
 from stepscope.core.health import process_families
+from stepscope.core.snapshot import BODY, GZIP, PROTOBUF_GZIP
 from stepscope.gpu.scenario import default_scenario
 from stepscope.gpu.simulated import SimulatedBackend
 from stepscope.ingest.aggregate import Aggregator
@@ -245,3 +246,19 @@ def test_process_families_are_written() -> None:
     names = {mf.name for mf in decode_delimited(render_protobuf(process_families()))}
     assert {"process_cpu_seconds_total", "process_resident_memory_bytes"} <= names
     assert render(process_families())  # the text writer reads the same families
+
+
+def test_a_protobuf_scraper_finds_protobuf_rendered_ahead_and_no_text_is_made() -> None:
+    """The sampler renders ahead the form its scraper last read: a Prometheus with
+    native histograms reads protobuf, so the next passes make protobuf, not text."""
+    clock = ManualClock(1000.0)
+    backend = SimulatedBackend(default_scenario(1), hostname="node-1", clock=clock)
+    sampler = make_sampler(backend, clock=clock, wall_clock=lambda: 1.7e9 + clock.t)
+    first = sampler.sample_once()
+    assert first.has(BODY), "nobody has read yet: the first pass is made ready in text"
+    clock.t += 0.5
+    assert decode_delimited(first.protobuf(gzipped=True) and first.render_protobuf())
+    clock.t += 0.5
+    second = sampler.sample_once()
+    assert second.has(PROTOBUF_GZIP) and not second.has(BODY) and not second.has(GZIP)
+    assert not second.requested, "made ahead, not asked for"
