@@ -34,6 +34,7 @@ OTHER_TOOLS = {
     "--no-healthcheck": "docker run", "--now": "systemctl enable", "--without-pip": "venv",
     "--check": "python -m generate", "--package": "python -m generate",
     "--pid": "py-spy dump", "--format": "buildah bud",
+    "--enable-feature": "prometheus",
 }
 
 
@@ -178,16 +179,18 @@ def _family_tables() -> dict[str, list[str]]:
     and references to other label sets left out)."""
     out: dict[str, list[str]] = {}
     labels_table = False
-    for row in METRICS_DOC.read_text().splitlines():
+    lines = METRICS_DOC.read_text().splitlines()
+    for row, below in zip(lines, [*lines[1:], ""], strict=True):
         cells = row.split("|")
-        if row.startswith("| Metric |"):
-            labels_table = cells[3].strip().startswith("Labels")
+        if below.startswith("| ---"):  # a table's header: is its third column the labels?
+            labels_table = len(cells) > 3 and cells[3].strip().startswith("Labels")
+            continue
         if not labels_table or len(cells) < 5 or not re.fullmatch(r" `[A-Za-z_:]+` ", cells[1]):
             continue
         labels = re.sub(r"\([^)]*\)", "", cells[3])
-        out[cells[1].strip(" `")] = [
+        out.setdefault(cells[1].strip(" `"), []).extend([
             name for name in re.findall(r"`([A-Za-z_]+)`", labels) if name != "DCGM_FI_"
-        ]
+        ])
     return out
 
 
