@@ -17,9 +17,10 @@ The file node_exporter and the other Prometheus exporters accept::
 A drop-in for exporter-toolkit: every file it accepts is accepted here and behaves the
 same (a verifying client_auth_type without client_ca_file trusts the system's CAs, HTTP/2
 offered is negotiated down to HTTP/1.1 by ALPN, TLS 1.3 cipher names are ignored as Go
-ignores them), except the two things Python's ``ssl`` cannot do, which stop the start
-with a ConfigError naming the key: admitting an unverified client certificate
-(RequireAnyClientCert) and ordering several curves. A configuration with which some
+ignores them), except what Python's ``ssl`` cannot do, which stops the start with a
+ConfigError naming the key: admitting an unverified client certificate
+(RequireAnyClientCert), reading the SANs of one (client_allowed_sans without a verifying
+client_auth_type) and ordering several curves. A configuration with which some
 allowed TLS version could never complete a handshake is refused too (an in-memory
 handshake per version proves it at start); Go would start and fail every such handshake.
 docs/web-config.md has the key-by-key table.
