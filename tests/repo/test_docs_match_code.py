@@ -12,6 +12,8 @@ import dataclasses
 import json
 import re
 
+import yaml
+
 from stepscope.app.cli import _parser
 from stepscope.app.config import SETTINGS
 from stepscope.diagnose.thresholds import Thresholds
@@ -133,6 +135,34 @@ def test_keys_named_beside_a_config_file_are_settings() -> None:
                 if m and m.group(1) not in known:
                     wrong.append(f"{doc.relative_to(REPO)}:{n}: {m.group(1)}")
     assert wrong == []
+
+
+def test_config_files_the_docs_show_hold_only_settings() -> None:
+    """A YAML block that is a config file (a top-level key is a setting) or the Helm
+    chart's `config:` value holds settings only, and its `diagnosis:` thresholds only."""
+    thresholds = {f.name for f in dataclasses.fields(Thresholds)}
+    wrong = []
+    shown = 0
+    for doc in USER_DOCS:
+        for block in re.findall(r"```ya?ml\n(.*?)```", doc.read_text(), re.S):
+            try:
+                data = yaml.safe_load(block)
+            except yaml.YAMLError:
+                continue  # a fragment (templating, ellipses)
+            if not isinstance(data, dict):
+                continue
+            configs = [data] if set(map(str, data)) & set(SETTINGS) else []
+            if isinstance(data.get("config"), dict) and data["config"]:
+                configs.append(data["config"])
+            for config in configs:
+                shown += 1
+                wrong += [f"{doc.relative_to(REPO)}: {k}" for k in config if k not in SETTINGS]
+                diagnosis = config.get("diagnosis")
+                if isinstance(diagnosis, dict):
+                    wrong += [f"{doc.relative_to(REPO)}: diagnosis.{k}" for k in diagnosis
+                              if k not in thresholds]
+    assert wrong == []
+    assert shown >= 2
 
 
 def test_docs_dashboards_md_names_the_variables_the_dashboards_have() -> None:
