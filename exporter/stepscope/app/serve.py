@@ -30,6 +30,7 @@ from stepscope.gpu.model import GpuBackend
 from stepscope.ingest.aggregate import Aggregator, TrainingSettings
 from stepscope.ingest.listener import IngestAccess, IngestListener
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS
+from stepscope.ingest.refusals import process_exited
 from stepscope.shared.datagram import Limits
 from stepscope.web.app import Page, make_app
 from stepscope.web.config import load_web_config
@@ -190,7 +191,7 @@ async def run_server(
         reuse_address=True,
         start_serving=False,
     )
-    aggregator = Aggregator(training_settings_of(cfg))
+    aggregator = Aggregator(training_settings_of(cfg), process_exited=process_exited)
     ingest = IngestListener(
         cfg.ingest, aggregator, IngestAccess(mode=cfg.ingest_mode, group=cfg.ingest_group)
     )

@@ -58,10 +58,12 @@ from pathlib import Path
 from typing import Any
 
 from stepscope.ingest.aggregate import Aggregator, Sender
+from stepscope.ingest.refusals import Refusals
 from stepscope.shared.datagram import (
     MAX_DATAGRAM_BYTES,
     MAX_UNIX_PATH_BYTES,
     Rejection,
+    StepRecord,
     parse_datagram,
     parse_ingest_url,
 )
@@ -363,6 +365,7 @@ class IngestListener:
         self._logged: set[str] = set()
         self._senders: dict[bytes, Sender] = {}
         self._pids = PidCheck()
+        self._refusals = Refusals()
 
     @property
     def up(self) -> bool:
@@ -538,9 +541,10 @@ class IngestListener:
         restricted = bool(allow_uids or allow_gids)
         senders = self._senders
         pid_matches = self._pids.matches
-        for data, ancillary, _flags, _addr in batch:
+        for data, ancillary, _flags, addr in batch:
             try:
                 sender = None
+                rec = None
                 if authenticated:
                     # the common case, one credentials message, first; else the slow path
                     if len(ancillary) == 1 and ancillary[0][1] == _SCM_CREDENTIALS:
@@ -553,21 +557,35 @@ class IngestListener:
                         continue
                     if restricted and sender.uid not in allow_uids and sender.gid not in allow_gids:
                         reject("not_allowed")  # before parsing: costs a refused sender least
+                        self._refused(addr, "not_allowed", None, sender)
                         continue
-                rec = parse_datagram(data, limits)
-                if isinstance(rec, Rejection):
-                    reject(rec.reason)
-                elif (
-                    sender is not None
-                    and rec.pid is not None
-                    and rec.pid != sender.pid
-                    and not pid_matches(sender.pid, rec.pid)
-                ):
-                    reject("bad_pid")
+                reason: str | None
+                parsed = parse_datagram(data, limits)
+                if isinstance(parsed, Rejection):
+                    reason = parsed.reason
+                    reject(reason)
                 else:
-                    add(rec, sender)
+                    rec = parsed
+                    if (
+                        sender is not None
+                        and rec.pid is not None
+                        and rec.pid != sender.pid
+                        and not pid_matches(sender.pid, rec.pid)
+                    ):
+                        reason = "bad_pid"
+                        reject(reason)
+                    else:
+                        reason = add(rec, sender)
+                if reason is not None:
+                    self._refused(addr, reason, rec, sender)
             except Exception:  # a bug must not stop the ingest or the exporter
                 self._internal("processing an ingest datagram failed")
+
+    def _refused(
+        self, addr: Any, reason: str, rec: StepRecord | None, sender: Sender | None
+    ) -> None:
+        """Tell the log and the sender (both rate-limited; UDP senders are not answered)."""
+        self._refusals.refused(self._sock, addr, reason, rec, sender)
 
     def _sender(self, raw: bytes) -> Sender | None:
         if len(raw) < _UCRED.size:

@@ -500,3 +500,69 @@ class StepEncoder:
             f'"t":{t:.6f},"dur":{dur:.9f},"data":{data:.9f},"compute":{compute:.9f},'
             f'"comm":{comm:.9f},"tokens":{tokens},"flops":{flops!r},"dropped":{dropped}}}'
         ).encode()
+
+
+# -- the exporter's answer to a refused datagram (Unix socket only) -------------------
+# A sender whose socket has an address (the SDK binds its Unix socket to an abstract
+# name the kernel picks) gets one short datagram back when the exporter refuses its
+# steps, so the training log can say why instead of the steps vanishing. Older SDKs
+# send from unbound sockets: the exporter cannot answer them and does not try. UDP is
+# never answered (its source address is not authenticated: no reflection).
+
+MAX_REFUSAL_BYTES = 512
+REFUSAL_TYPE = "refused"
+# What each reason means for the rank that sent it, in the words its log shows.
+REFUSAL_HINTS: dict[str, str] = {
+    "not_owner": (
+        "this job or rank is held by another process (a live one of the same user, or "
+        "another user's); a restarted rank takes over once the old process has exited"
+    ),
+    "identity_changed": (
+        "local_rank, pid, world_size, GPU or precision differ from this rank's first "
+        "step; keep them fixed for a run, or use a new job name"
+    ),
+    "cap_jobs": "the node already tracks its maximum number of jobs (max_jobs)",
+    "cap_uid": "this user holds its share of the node's job slots while others report",
+    "cap_ranks": "the job already has max_ranks_per_job ranks on this node",
+    "not_allowed": "this user and group are not in ingest_allow_uids / ingest_allow_gids",
+    "bad_pid": "the pid in the step is not the sending process's",
+}
+
+
+class Refusal(NamedTuple):
+    """Why the exporter refused a rank's step: a reason of :data:`REJECT_REASONS`."""
+
+    reason: str
+    job: str | None
+    rank: int | None
+
+    def describe(self) -> str:
+        """One line for the training log: the reason, whose step, and what it means."""
+        who = f"rank {self.rank} of job {self.job!r}" if self.job is not None else "a step"
+        hint = REFUSAL_HINTS.get(self.reason, "the datagram was malformed")
+        return f"the exporter refuses {who}: {self.reason} ({hint})"
+
+
+def encode_refusal(reason: str, job: str | None, rank: int | None) -> bytes:
+    """The exporter's answer to a refused step (at most :data:`MAX_REFUSAL_BYTES`)."""
+    body: dict[str, object] = {"v": SCHEMA_VERSION, "type": REFUSAL_TYPE, "reason": reason}
+    if job is not None and rank is not None:
+        body["job"], body["rank"] = job, rank
+    return json.dumps(body, separators=(",", ":")).encode()[:MAX_REFUSAL_BYTES]
+
+
+def parse_refusal(data: bytes) -> Refusal | None:
+    """The refusal in ``data``, or None for anything else (never raises)."""
+    try:
+        obj = json.loads(data[:MAX_REFUSAL_BYTES])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(obj, dict) or obj.get("type") != REFUSAL_TYPE:
+        return None
+    reason = obj.get("reason")
+    if reason not in REJECT_REASONS:
+        return None
+    job, rank = obj.get("job"), obj.get("rank")
+    if not (isinstance(job, str) and LABEL_VALUE_RE.match(job)) or type(rank) is not int:
+        job, rank = None, None
+    return Refusal(reason, job, rank)

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from stepscope.shared.datagram import MAX_REFUSAL_BYTES, Refusal, parse_refusal
 from stepscope.train._env import IngestAddress
 
 log = logging.getLogger("stepscope.train")
@@ -85,6 +86,8 @@ class DatagramSender:
         self.dropped_here = 0  # by the training thread (queue full, lost before queueing)
         self.dropped_sending = 0  # by the sending thread
         self.sent = 0
+        # the latest refusal the exporter answered with (None: none so far)
+        self.refusal: Refusal | None = None
         self._queue: deque[Any] = deque()
         self._sock: socket.socket | None = None
         self._next_try = 0.0
@@ -163,6 +166,7 @@ class DatagramSender:
                 with self._lock:
                     self._poll_locked(False)
                     done = self._flush_locked()
+                    self._read_answers()
             except Exception as err:  # never let the thread die silently mid-run
                 self._log_once("thread", "stepscope: sender: %r", err)
                 done = True
@@ -231,6 +235,10 @@ class DatagramSender:
         try:
             sock = socket.socket(self.address.family, socket.SOCK_DGRAM)
             sock.setblocking(False)
+            if self.address.family == socket.AF_UNIX:
+                # an abstract name the kernel picks, so the exporter can answer a refusal
+                with contextlib.suppress(OSError):
+                    sock.bind("")
             sock.connect(self.address.address)
         except OSError as err:
             if sock is not None:
@@ -246,6 +254,23 @@ class DatagramSender:
             return None
         self._sock = sock
         return sock
+
+    def _read_answers(self) -> None:
+        """The exporter's answers, if any: it answers only a refused step, saying why.
+        Each reason is logged once; the latest is kept in ``refusal``."""
+        sock = self._sock
+        if sock is None or self.address.family != socket.AF_UNIX:
+            return
+        for _ in range(8):  # a few per tick: the exporter answers at most every few seconds
+            try:
+                data = sock.recv(MAX_REFUSAL_BYTES + 1)
+            except OSError:  # nothing waiting (EAGAIN), or the socket is gone
+                return
+            refusal = parse_refusal(data)
+            if refusal is not None:
+                self.refusal = refusal
+                self._log_once(f"refused:{refusal.reason}", "stepscope: %s; steps of this "
+                               "reason are dropped by the exporter", refusal.describe())
 
     def _close_socket(self) -> None:
         sock, self._sock = self._sock, None

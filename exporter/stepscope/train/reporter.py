@@ -36,7 +36,7 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from stepscope.shared import datagram as schema
-from stepscope.shared.datagram import PendingStep, StepEncoder
+from stepscope.shared.datagram import PendingStep, Refusal, StepEncoder
 from stepscope.train import _nccl, ddp
 from stepscope.train._env import (
     cuda_device_uuid,
@@ -269,6 +269,13 @@ class StepReporter:
     def dropped(self) -> int:
         """Steps that did not reach the exporter (absent, full, or lost)."""
         return self._sender.dropped
+
+    @property
+    def refusal(self) -> Refusal | None:
+        """Why the exporter last refused this rank's steps (it answers over the Unix
+        socket: ``not_owner``, ``identity_changed``, a cap, ...), or None. Each reason is
+        also logged once."""
+        return self._sender.refusal
 
     @property
     def steps(self) -> int:
