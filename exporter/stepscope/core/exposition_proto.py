@@ -70,6 +70,8 @@ def _varint(n: int) -> bytes:
     """An unsigned varint (uint32/uint64 and lengths)."""
     if n < 0x80:
         return _SMALL[n]
+    if n < 0x4000:  # most metrics' lengths: two bytes
+        return bytes(((n & 0x7F) | 0x80, n >> 7))
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -218,7 +220,7 @@ def _histogram_metrics(fam: Family) -> list[bytes]:
         hist = native.get(labels)
         if hist is not None:
             body.append(native_fields(hist))
-        metrics.append(_label_fields(labels) + _len_field(7, b"".join(body)))
+        metrics.append(_metric_field(_label_fields(labels) + _len_field(7, b"".join(body))))
     return metrics
 
 
@@ -243,18 +245,29 @@ def _summary_metrics(fam: Family) -> list[bytes]:
         assert isinstance(count, float) and isinstance(total, float)
         assert isinstance(quantiles, list)
         body = _uint_field(1, int(count)) + _double_field(2, total) + b"".join(quantiles)
-        out.append(_label_fields(labels) + _len_field(4, body))
+        out.append(_metric_field(_label_fields(labels) + _len_field(4, body)))
     return out
 
 
+_METRIC = _key(4, _LEN)  # MetricFamily.metric
+
+
 def _family_message(name: str, help: str, typ: int, metrics: list[bytes]) -> bytes:
-    head = (
-        _len_field(1, name.encode("utf-8"))
-        + _len_field(2, help.encode("utf-8"))
-        + _uint_field(3, typ)
+    """A delimited MetricFamily; ``metrics`` are Metric messages, each already framed as
+    the ``metric`` field (:func:`_metric_field`)."""
+    body = b"".join(
+        [
+            _len_field(1, name.encode("utf-8")),
+            _len_field(2, help.encode("utf-8")),
+            _uint_field(3, typ),
+            *metrics,
+        ]
     )
-    body = head + b"".join(_len_field(4, m) for m in metrics)
     return _varint(len(body)) + body
+
+
+def _metric_field(metric: bytes) -> bytes:
+    return _METRIC + _varint(len(metric)) + metric
 
 
 def _scalar_messages(fam: Family) -> list[bytes]:
@@ -264,8 +277,14 @@ def _scalar_messages(fam: Family) -> list[bytes]:
     field = _SCALAR_FIELD[typ]
     by_suffix: dict[str, list[bytes]] = {}
     tag = _key(field, _LEN) + _SMALL[9] + _key(1, _FIXED64)  # value message: one double
+    cached = _encoded
+    metric, varint, double = _METRIC, _varint, _DOUBLE
     for suffix, labels, value in fam.samples:
-        by_suffix.setdefault(suffix, []).append(_label_fields(labels) + tag + _DOUBLE(value))
+        lbl = cached.get(labels)
+        if lbl is None:
+            lbl = _label_fields(labels)
+        body = lbl + tag + double(value)
+        by_suffix.setdefault(suffix, []).append(metric + varint(len(body)) + body)
     return [
         _family_message(fam.name + suffix, fam.help, typ, metrics)
         for suffix, metrics in by_suffix.items()
