@@ -508,7 +508,7 @@ def training() -> Json:
             legend=rank_legend),),
               unit="s", w=12, min=0, description="Mean wall time per step over 2 minutes."),
         Panel("Step time distribution", "heatmap", (Query(
-            f"sum by (le) (rate(stepscope_step_duration_seconds_bucket{{{RANK}}}"
+            f"sum by (le) (rate(stepscope_job_step_duration_seconds_bucket{{{RANK}}}"
             "[$__rate_interval]))", legend="{{le}}", heatmap=True),), unit="s", w=12),
         Panel("Where the step goes (mean over ranks)", "timeseries", (Query(
             f"avg by (phase) (training_job_rank:stepscope_step_phase_seconds:mean2m{{{RANK}}})",

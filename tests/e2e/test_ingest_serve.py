@@ -89,8 +89,6 @@ def test_ranks_report_steps_phases_tokens_flops_and_mfu_joined_with_their_gpus(
         assert value(fams, "stepscope_warmup_steps_total", **lbl) == 2
         assert value(fams, "stepscope_step_duration_seconds_count", **lbl) == 6
         assert value(fams, "stepscope_step_duration_seconds_sum", **lbl) == 6.0
-        assert value(fams, "stepscope_step_duration_seconds_bucket", le="0.75", **lbl) == 0
-        assert value(fams, "stepscope_step_duration_seconds_bucket", le="1.0", **lbl) == 6
         phases = {p: value(fams, "stepscope_step_phase_seconds_total", phase=p, **lbl)
                   for p in ("data_wait", "compute", "comm", "other")}
         assert phases == {"data_wait": 1.5, "compute": 3.0, "comm": 0.75, "other": 0.75}
@@ -102,6 +100,12 @@ def test_ranks_report_steps_phases_tokens_flops_and_mfu_joined_with_their_gpus(
         assert value(fams, "stepscope_last_step_timestamp_seconds", **lbl) == pytest.approx(
             t0 + 8)
         assert value(fams, "stepscope_sdk_dropped_datagrams_total", **lbl) == 0
+    # the distribution: one histogram for the job's ranks on this node (12 measured steps)
+    job = {"training_job": "llama", "Hostname": "node-3"}
+    assert value(fams, "stepscope_job_step_duration_seconds_bucket", le="0.75", **job) == 0
+    assert value(fams, "stepscope_job_step_duration_seconds_bucket", le="1.0", **job) == 12
+    assert value(fams, "stepscope_job_step_duration_seconds_count", **job) == 12
+    assert "stepscope_step_duration_seconds_bucket" not in fams
     labels = next(lbl for lbl, _ in fams["stepscope_steps_total"] if lbl["rank"] == "1")
     assert labels == {"training_job": "llama", "rank": "1", "local_rank": "1", "gpu": "1",
                       "UUID": uuids["1"], "modelName": "NVIDIA H100 80GB HBM3",
@@ -120,7 +124,8 @@ def test_ranks_report_steps_phases_tokens_flops_and_mfu_joined_with_their_gpus(
     doc = (REPO / "docs" / "metrics.md").read_text()
     missing = [n for n in sorted(fams) if f"`{n}`" not in doc and not n.startswith("process_")
                and not any(n == f"{h}{s}" and f"`{h}`" in doc
-                           for h in ("stepscope_step_duration_seconds",)
+                           for h in ("stepscope_step_duration_seconds",
+                                     "stepscope_job_step_duration_seconds")
                            for s in ("_bucket", "_sum", "_count"))]
     assert missing == []
     assert exp.stop() == 0
@@ -240,7 +245,8 @@ def test_sighup_applies_new_training_limits(sock_dir: Path, exporters: list[Expo
     exp = start_exporter(["--config", str(cfg)])
     exporters.append(exp)
     sender = Sender(url)
-    sender.send(step("j", 0, 0, time.time(), None))
+    uuid = scrape(exp)["stepscope_gpu_up"][0][0]["UUID"]
+    sender.send(step("j", 0, 0, time.time(), uuid))
     sender.send(step("j", 1, 0, time.time(), None))
     wait_for(lambda: value(scrape(exp), "stepscope_ingest_rejected_total", reason="cap_ranks")
              == 1)

@@ -56,6 +56,9 @@ from stepscope.shared.datagram import DEFAULT_PRECISION, REJECT_REASONS, Limits,
 # Upper bounds (seconds) of the step-duration histogram, for training steps from
 # 10 ms (small models, inference-like loops) to 2 min (huge global batches, pipeline
 # flushes); denser around 0.1-2.5 s where most LLM and vision steps fall. +Inf is added.
+# The histogram is kept per job on the node (``JobView``), not per rank: every query
+# that reads buckets sums a job's ranks (docs/metrics.md#what-each-family-costs-per-node),
+# so all 16 bounds cost 19 series a job instead of 19 a rank.
 STEP_BUCKETS: tuple[float, ...] = (
     0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
 )
@@ -101,11 +104,31 @@ class TrainingSettings:
         return max(1, self.limits.max_jobs // 2)
 
 
+class JobView(NamedTuple):
+    """The step-time histogram of one job's ranks on this node, since the job was first
+    seen here: it keeps counting through a rank's restart or expiry (its steps stay
+    counted), so it only grows while any rank of the job is tracked.
+
+    ``bucket_counts`` are per bucket of :data:`STEP_BUCKETS` plus +Inf (not
+    cumulative); measured (non-warm-up) steps only.
+    """
+
+    job: str
+    step_seconds_sum: float
+    bucket_counts: tuple[int, ...]
+
+    @property
+    def measured_steps(self) -> int:
+        """Steps in the histogram."""
+        return sum(self.bucket_counts)
+
+
 class RankView(NamedTuple):
     """One rank as the latest snapshot saw it. Counters are since it was first seen.
 
     ``bucket_counts`` are per bucket of :data:`STEP_BUCKETS` plus +Inf (not
-    cumulative). ``phase_seconds``: the measured steps' seconds by phase.
+    cumulative): the rank's share of its job's histogram. ``phase_seconds``: the
+    measured steps' seconds by phase.
     ``achieved_flops_per_second`` is None until a measured step was seen;
     ``has_flops`` says whether any measured step reported FLOPs > 0.
 
@@ -161,6 +184,8 @@ class TrainingView:
     rejected: Mapping[str, int] = field(default_factory=dict)
     ranks: tuple[RankView, ...] = ()
     settings: TrainingSettings = field(default_factory=TrainingSettings)
+    # the step-time histogram per job (those with a live rank), by job name
+    jobs: tuple[JobView, ...] = ()
     # datagrams the kernel dropped on the socket (receive buffer full); None: not exposed
     kernel_dropped: int | None = None
 
@@ -172,10 +197,16 @@ class TrainingView:
 
 @dataclass(slots=True)
 class _JobState:
-    """A job's owner (the uid of its first rank's sender; None: UDP) and its rank count."""
+    """A job's owner (the uid of its first rank's sender; None: UDP), its rank count,
+    and the step-time histogram of its ranks (measured steps)."""
 
     uid: int | None
     ranks: int = 0
+    dur_sum: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))
+
+    def view(self, job: str) -> JobView:
+        return JobView(job, self.dur_sum, tuple(self.buckets))
 
 
 @dataclass(slots=True)
@@ -195,6 +226,8 @@ class _RankState:
     owner_uid: int | None = None
     owner_pid: int = 0  # the sender's kernel pid; 0: not known (another PID namespace)
     ident: RankIdentity | None = None
+    # its job's state, to count its steps in the job's histogram too (set at creation)
+    job_state: _JobState | None = None
     steps: int = 0
     warmup_steps: int = 0
     dur_sum: float = 0.0
@@ -242,9 +275,14 @@ class _RankState:
             self.warmup_steps += 1
             return
         dur = rec.dur
-        self.buckets[bisect_left(STEP_BUCKETS, dur)] += 1
+        bucket = bisect_left(STEP_BUCKETS, dur)
+        self.buckets[bucket] += 1
         self.dur_sum += dur
         self.native.observe(dur)
+        job = self.job_state
+        if job is not None:
+            job.buckets[bucket] += 1
+            job.dur_sum += dur
         self.data_wait += rec.data_wait
         self.compute += rec.compute
         self.comm += rec.comm
@@ -422,6 +460,7 @@ class Aggregator:
                     owner_uid=uid,
                     owner_pid=kpid,
                     ident=RankIdentity(rec.job, rec.rank, rec.local_rank, rec.uuid, rec.pid),
+                    job_state=self._jobs[rec.job],
                 )
                 self._jobs[rec.job].ranks += 1
             elif state.owner_uid != uid or (state.owner_pid and kpid != state.owner_pid):
@@ -530,6 +569,7 @@ class Aggregator:
             ranks = tuple(
                 self._ranks[key].view(now, settings.mfu_window) for key in sorted(self._ranks)
             )
+            jobs = tuple(self._jobs[job].view(job) for job in sorted(self._jobs))
             accepted = self._accepted
             rejected = MappingProxyType(dict(self._rejected))
         return TrainingView(
@@ -538,6 +578,7 @@ class Aggregator:
             rejected=rejected,
             ranks=ranks,
             settings=settings,
+            jobs=jobs,
             kernel_dropped=dropped,
         )
 

@@ -1,13 +1,24 @@
 """Map the training part of a Snapshot to metric families: pure functions.
 
 Per rank: the rank label set of the pass's label schema (the rank joined with its GPU
-by the UUID it reported). Per GPU: ``stepscope_gpu_peak_flops`` for models in the peak
-table, on the GPU's label set. Ingest health.
+by the UUID it reported), with the step time as a summary (``_sum``, ``_count``). Per
+job on the node: the step-time histogram, on the job and node labels (every query that
+reads buckets sums a job's ranks: 19 series a job instead of 19 a rank). Per GPU:
+``stepscope_gpu_peak_flops`` at the precisions its ranks train in, for models in the
+peak table, on the GPU's label set. Ingest health.
 """
 
 from __future__ import annotations
 
-from stepscope.core.exposition import COUNTER, GAUGE, HISTOGRAM, Family, join_labels, label_string
+from stepscope.core.exposition import (
+    COUNTER,
+    GAUGE,
+    HISTOGRAM,
+    SUMMARY,
+    Family,
+    join_labels,
+    label_string,
+)
 from stepscope.core.labels import LabelSchema
 from stepscope.ingest.aggregate import STEP_BUCKETS, TrainingView
 from stepscope.ingest.mfu import rank_mfu
@@ -21,21 +32,48 @@ _TRANSPORT = {t: label_string((("transport", t),)) for t in NCCL_TRANSPORTS}
 _REPORTED = " Reported by the training ranks, aggregated by the exporter; warm-up steps excluded."
 
 
-def peak_flops_families(labels: LabelSchema, peaks: PeakTable) -> list[Family]:
-    """``stepscope_gpu_peak_flops{precision}`` for every GPU whose model is in the table."""
+def peak_flops_families(
+    view: TrainingView, labels: LabelSchema, peaks: PeakTable
+) -> list[Family]:
+    """``stepscope_gpu_peak_flops{precision}`` for each GPU a rank reported, at the
+    precisions its ranks train in, where the model is in the table.
+
+    The datasheet figure of every precision of every GPU is a static fact that no query
+    needs (5 series a GPU); the MFU denominator of the ranks that train is.
+    """
     fam = Family(
         "stepscope_gpu_peak_flops",
         GAUGE,
-        "Datasheet peak dense FLOP/s of this GPU model per precision (the MFU "
-        "denominator); absent for models not in the table.",
+        "Datasheet peak dense FLOP/s of this GPU model at the precision its training "
+        "ranks report (the MFU denominator); absent for GPUs without a rank and models "
+        "not in the table.",
     )
-    for g in labels.gpus:
-        figures = peaks.figures(g.model_name)
-        if not figures:
+    wanted = sorted({(r.uuid, r.precision) for r in view.ranks if r.uuid is not None})
+    for uuid, precision in wanted:
+        g = labels.gpu_identity(uuid)
+        value = peaks.lookup(g.model_name, precision) if g is not None else None
+        if g is None or value is None:
             continue
-        base = labels.gpu(g.uuid)
-        for precision, value in sorted(figures.items()):
-            fam.add(join_labels(base, label_string((("precision", precision),))), value)
+        fam.add(join_labels(labels.gpu(uuid), label_string((("precision", precision),))), value)
+    return [fam]
+
+
+def job_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
+    """``stepscope_job_step_duration_seconds``: each job's step-time histogram on this node."""
+    fam = Family(
+        "stepscope_job_step_duration_seconds",
+        HISTOGRAM,
+        "Wall time of each optimizer step of the job's ranks on this node (the per-rank "
+        "mean is stepscope_step_duration_seconds)." + _REPORTED,
+    )
+    for j in view.jobs:
+        lbl = labels.subject(j.job, None, None, None)
+        cumulative = 0
+        for le, count in zip(_LE, j.bucket_counts, strict=True):
+            cumulative += count
+            fam.add(join_labels(lbl, le), float(cumulative), "_bucket")
+        fam.add(lbl, j.step_seconds_sum, "_sum")
+        fam.add(lbl, float(cumulative), "_count")
     return [fam]
 
 
@@ -44,8 +82,9 @@ def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
     peaks = view.settings.peak_flops
     duration = Family(
         "stepscope_step_duration_seconds",
-        HISTOGRAM,
-        "Wall time of each optimizer step." + _REPORTED,
+        SUMMARY,
+        "Wall time of each optimizer step of the rank (sum and count; the distribution "
+        "is stepscope_job_step_duration_seconds, per job)." + _REPORTED,
     )
     steps = Family(
         "stepscope_steps_total",
@@ -103,15 +142,10 @@ def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
     for r in view.ranks:
         gpu = labels.gpu_identity(r.uuid)
         lbl = labels.rank(r.identity)
-        measured = r.measured_steps
-        cumulative = 0
-        for le, count in zip(_LE, r.bucket_counts, strict=True):
-            cumulative += count
-            duration.add(join_labels(lbl, le), float(cumulative), "_bucket")
         if r.native is not None:  # one native histogram a rank (protobuf scrapes only)
             duration.add_native(lbl, r.native)
         duration.add(lbl, r.step_seconds_sum, "_sum")
-        duration.add(lbl, float(measured), "_count")
+        duration.add(lbl, float(r.measured_steps), "_count")
         steps.add(lbl, float(r.steps))
         warmup.add(lbl, float(r.warmup_steps))
         for phase, seconds in zip(_PHASE, r.phase_seconds, strict=True):
@@ -188,7 +222,8 @@ def ingest_families(view: TrainingView) -> list[Family]:
 def training_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
     """Every training-related family for ``view``."""
     return [
-        *peak_flops_families(labels, view.settings.peak_flops),
+        *peak_flops_families(view, labels, view.settings.peak_flops),
         *rank_families(view, labels),
+        *job_families(view, labels),
         *ingest_families(view),
     ]

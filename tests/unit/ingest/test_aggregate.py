@@ -70,6 +70,30 @@ def test_histogram_buckets_are_upper_inclusive_with_overflow_in_inf() -> None:
     assert sum(r.bucket_counts) == 6
 
 
+def test_a_jobs_histogram_sums_its_ranks_and_keeps_counting_when_one_expires() -> None:
+    agg, clock = make(rank_expiry=60.0)
+    agg.add(record(job="llama", rank=0, dur=0.3, warmup=True))  # warm-up: not counted
+    for rank, dur in ((0, 0.3), (1, 0.3), (1, 0.9), (0, 0.4)):
+        agg.add(record(job="llama", rank=rank, dur=dur))
+    agg.add(record(job="gpt", rank=0, dur=2.0))
+    gpt, llama = agg.view().jobs
+    assert (llama.job, gpt.job) == ("llama", "gpt")
+    ranks = [r for r in agg.view().ranks if r.job == "llama"]
+    assert llama.bucket_counts == tuple(map(sum, zip(*(r.bucket_counts for r in ranks),
+                                                     strict=True)))  # fmt: skip
+    assert llama.measured_steps == 4 and llama.step_seconds_sum == pytest.approx(1.9)
+    # rank 1 falls silent and expires; rank 0 keeps stepping: the job's counts never drop
+    # (a sum over live ranks would fall, and rate() would read that as a counter reset)
+    clock.t += 61.0
+    agg.add(record(job="llama", rank=0, dur=0.3))
+    (llama,) = agg.view().jobs
+    assert [r.rank for r in agg.view().ranks] == [0]
+    assert llama.measured_steps == 5 and llama.step_seconds_sum == pytest.approx(2.2)
+    # every rank gone: the job and its histogram go with them
+    clock.t += 61.0
+    assert agg.view().jobs == ()
+
+
 def test_mfu_window_rate_is_flops_over_the_steps_span_and_zero_once_steps_leave() -> None:
     agg, clock = make(mfu_window=30.0)
     # 10 steps of 0.5 s back to back, each 5e11 FLOPs: 1e12 FLOP/s

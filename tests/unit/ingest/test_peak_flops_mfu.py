@@ -9,7 +9,7 @@ import pytest
 from stepscope.core.exposition import render
 from stepscope.core.labels import LabelSchema, LabelSchemaBuilder
 from stepscope.gpu.model import GpuInfo
-from stepscope.ingest.aggregate import RankView, TrainingSettings, TrainingView
+from stepscope.ingest.aggregate import JobView, RankView, TrainingSettings, TrainingView
 from stepscope.ingest.metrics import training_families
 from stepscope.ingest.mfu import MFU_STATUSES, rank_mfu
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS, PeakTable
@@ -141,8 +141,9 @@ Part = tuple[TrainingView, LabelSchema]
 
 
 def snapshot(ranks: tuple[RankView, ...], peaks: PeakTable = DATASHEET_PEAKS) -> Part:
+    jobs = tuple(JobView(r.job, r.step_seconds_sum, r.bucket_counts) for r in ranks)
     view = TrainingView(ingest_up=True, accepted=10, rejected={"not_json": 2}, ranks=ranks,
-                        settings=TrainingSettings(peak_flops=peaks))
+                        settings=TrainingSettings(peak_flops=peaks), jobs=jobs)
     labels = LabelSchemaBuilder().build(
         "node-1", (H100.identity, MYSTERY.identity), [r.identity for r in ranks]
     )
@@ -169,25 +170,37 @@ def test_ranks_carry_their_gpus_labels_joined_by_uuid() -> None:
     assert status == {"0": "ok", "1": "unknown_model", "2": "no_gpu"}
 
 
-def test_peak_flops_are_served_for_known_models_only() -> None:
-    fams = served(snapshot(()))
+def test_peak_flops_are_served_at_the_ranks_precisions_for_known_models_only() -> None:
+    ranks = (rank(), rank(rank=1, uuid="GPU-mystery"), rank(rank=2, uuid=None))
+    fams = served(snapshot(ranks))
     peaks = {(lbl["UUID"], lbl["precision"]): v for lbl, v in fams["stepscope_gpu_peak_flops"]}
-    assert peaks[("GPU-h100", "bf16")] == pytest.approx(989.4e12)
-    assert not any(uuid == "GPU-mystery" for uuid, _ in peaks)
-    extended = served(snapshot((), DATASHEET_PEAKS.with_overrides(
+    # the MFU denominator of the rank on the H100, not the datasheet's every precision
+    assert peaks == {("GPU-h100", "bf16"): pytest.approx(989.4e12)}
+    fp8 = served(snapshot((*ranks, rank(rank=3, precision="fp8"))))
+    assert sorted(lbl["precision"] for lbl, _ in fp8["stepscope_gpu_peak_flops"]) == [
+        "bf16", "fp8"]
+    extended = served(snapshot(ranks, DATASHEET_PEAKS.with_overrides(
         {"NVIDIA Mystery 9000": {"bf16": 2e15}})))
     assert ({lbl["UUID"] for lbl, _ in extended["stepscope_gpu_peak_flops"]}
             == {"GPU-h100", "GPU-mystery"})
+    assert "stepscope_gpu_peak_flops" not in served(snapshot(()))  # no rank, no figure
 
 
-def test_histogram_is_cumulative_and_counts_measured_steps() -> None:
+def test_step_time_per_rank_is_sum_and_count_and_per_job_a_cumulative_histogram() -> None:
     fams = served(snapshot((rank(),)))
-    buckets = [(lbl["le"], v) for lbl, v in fams["stepscope_step_duration_seconds_bucket"]]
+    assert fams["stepscope_step_duration_seconds_count"][0][1] == 7
+    assert fams["stepscope_step_duration_seconds_sum"][0][1] == 7.0
+    assert "stepscope_step_duration_seconds_bucket" not in fams
+    job = fams["stepscope_job_step_duration_seconds_bucket"]
+    assert {frozenset(lbl.items() - {("le", lbl["le"])}) for lbl, _ in job} == {
+        frozenset({("training_job", "llm"), ("Hostname", "node-1")})}  # job and node only
+    buckets = [(lbl["le"], v) for lbl, v in job]
     assert buckets[0] == ("0.01", 0) and buckets[-1] == ("+Inf", 7)
     values = [v for _, v in buckets]
     assert values == sorted(values)
-    assert fams["stepscope_step_duration_seconds_count"][0][1] == 7
-    assert fams["stepscope_step_duration_seconds_sum"][0][1] == 7.0
+    assert fams["stepscope_job_step_duration_seconds_count"] == [
+        ({"training_job": "llm", "Hostname": "node-1"}, 7)]
+    assert fams["stepscope_job_step_duration_seconds_sum"][0][1] == 7.0
     phases = {lbl["phase"]: v for lbl, v in fams["stepscope_step_phase_seconds_total"]}
     assert phases == {"data_wait": 1.0, "compute": 4.0, "comm": 1.5, "other": 0.5}
 
