@@ -116,6 +116,8 @@ class JobView(NamedTuple):
     job: str
     step_seconds_sum: float
     bucket_counts: tuple[int, ...]
+    # ranks of the job taken over by a new process after their old one exited
+    restarts: int = 0
 
     @property
     def measured_steps(self) -> int:
@@ -205,8 +207,10 @@ class _JobState:
     dur_sum: float = 0.0
     buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))
 
+    restarts: int = 0
+
     def view(self, job: str) -> JobView:
-        return JobView(job, self.dur_sum, tuple(self.buckets))
+        return JobView(job, self.dur_sum, tuple(self.buckets), self.restarts)
 
 
 @dataclass(slots=True)
@@ -381,6 +385,23 @@ def _push_extreme(
     extremes.append((sec, value))
 
 
+def _new_rank(rec: StepRecord, uid: int | None, kpid: int, job_state: _JobState) -> _RankState:
+    """A rank's state from its first step: its identity, its owner and its job."""
+    return _RankState(
+        rec.job,
+        rec.rank,
+        local_rank=rec.local_rank,
+        uuid=rec.uuid,
+        pid=rec.pid,
+        world_size=rec.world_size,
+        precision=rec.precision,
+        owner_uid=uid,
+        owner_pid=kpid,
+        ident=RankIdentity(rec.job, rec.rank, rec.local_rank, rec.uuid, rec.pid),
+        job_state=job_state,
+    )
+
+
 class Aggregator:
     """Every live rank's accumulators and the ingest counters, behind one lock.
 
@@ -391,9 +412,13 @@ class Aggregator:
         self,
         settings: TrainingSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
+        process_exited: Callable[[int], bool] | None = None,
     ) -> None:
         self._settings = settings or TrainingSettings()
         self._clock = clock
+        # whether the process of a kernel pid has exited (the listener reads /proc);
+        # without it a rank is never taken over before it expires
+        self._process_exited = process_exited or (lambda pid: False)
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, int], _RankState] = {}
         self._jobs: dict[str, _JobState] = {}
@@ -449,29 +474,49 @@ class Aggregator:
                 if reason is not None:
                     self._rejected[reason] += 1
                     return reason
-                state = self._ranks[(rec.job, rec.rank)] = _RankState(
-                    rec.job,
-                    rec.rank,
-                    local_rank=rec.local_rank,
-                    uuid=rec.uuid,
-                    pid=rec.pid,
-                    world_size=rec.world_size,
-                    precision=rec.precision,
-                    owner_uid=uid,
-                    owner_pid=kpid,
-                    ident=RankIdentity(rec.job, rec.rank, rec.local_rank, rec.uuid, rec.pid),
-                    job_state=self._jobs[rec.job],
+                state = self._ranks[(rec.job, rec.rank)] = _new_rank(
+                    rec, uid, kpid, self._jobs[rec.job]
                 )
                 self._jobs[rec.job].ranks += 1
             elif state.owner_uid != uid or (state.owner_pid and kpid != state.owner_pid):
-                self._rejected["not_owner"] += 1
-                return "not_owner"
+                if not self._taken_over(state, uid, kpid):
+                    self._rejected["not_owner"] += 1
+                    return "not_owner"
+                state = self._restart(state, rec, uid, kpid)
             elif not state.same_identity(rec):
                 self._rejected["identity_changed"] += 1
                 return "identity_changed"
             state.observe(rec, now, settings.mfu_window)
             self._accepted += 1
         return None
+
+    def _taken_over(self, state: _RankState, uid: int | None, kpid: int) -> bool:
+        """A restart: the same user's new process reports a rank whose process exited.
+
+        Only between processes the kernel names (a known pid each; UDP has none), and
+        only once the old one is gone: while it lives, the rank stays its own."""
+        return (
+            uid is not None
+            and uid == state.owner_uid
+            and state.owner_pid != 0
+            and kpid != 0
+            and self._process_exited(state.owner_pid)
+        )
+
+    def _restart(
+        self, old: _RankState, rec: StepRecord, uid: int | None, kpid: int
+    ) -> _RankState:
+        """The rank anew for the process that took it over: counters from 0, identity
+        from its first step, one more restart counted for its job."""
+        job_state = self._jobs[rec.job]
+        job_state.restarts += 1
+        state = self._ranks[(rec.job, rec.rank)] = _new_rank(rec, uid, kpid, job_state)
+        log.info(
+            "ingest: rank %d of job %r taken over by pid %d: its process (pid %d) has "
+            "exited (restart %d of this job here)",
+            rec.rank, rec.job, kpid, old.owner_pid, job_state.restarts,
+        )  # fmt: skip
+        return state
 
     def _admit(
         self, job: str, uid: int | None, now: float, settings: TrainingSettings

@@ -77,6 +77,19 @@ def job_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
     return [fam]
 
 
+def restart_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
+    """``stepscope_training_restarts_total``: ranks taken over by a restarted process."""
+    restarts = Family(
+        "stepscope_training_restarts_total",
+        COUNTER,
+        "Ranks of the job on this node taken over by a new process after their old one "
+        "exited (a restart under the same job name), since the job was first seen here.",
+    )
+    for j in view.jobs:
+        restarts.add(labels.subject(j.job, None, None, None), float(j.restarts))
+    return [restarts]
+
+
 def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
     """Every per-rank family for the ranks in ``view``."""
     peaks = view.settings.peak_flops
@@ -225,5 +238,6 @@ def training_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
         *peak_flops_families(view, labels, view.settings.peak_flops),
         *rank_families(view, labels),
         *job_families(view, labels),
+        *restart_families(view, labels),
         *ingest_families(view),
     ]
