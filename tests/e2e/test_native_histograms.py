@@ -181,3 +181,20 @@ def test_every_other_series_is_stored_alike_under_the_same_names(
     for expr in ('stepscope_gpu_up{gpu="0"}', f'stepscope_steps_total{{training_job="{JOB}"}}'):
         got = {json.dumps(r["metric"], sort_keys=True) for r in query(native, expr)}
         assert got == {json.dumps(r["metric"], sort_keys=True) for r in query(classic, expr)}
+
+
+def test_a_rule_written_for_both_forms_reads_the_same_on_both_servers(
+    servers: tuple[Prometheus, Prometheus],
+) -> None:
+    """`x_count or histogram_count(x)` (and `_sum`) read a rank's steps from whichever form
+    the server stored: the way to write rules for Prometheus with or without native
+    histograms (the shipped rules read `_sum` and `_count`; docs/metrics.md)."""
+    native, classic = servers
+    for part in ("count", "sum"):
+        name = "stepscope_step_duration_seconds"
+        expr = f"{name}_{part} or histogram_{part}({name})"
+        got = by_rank(query(native, expr))
+        assert got == pytest.approx(by_rank(query(classic, expr)))
+        assert got == pytest.approx(
+            {str(r): (STEPS if part == "count" else sum(d)) for r, d in DURATIONS.items()}
+        )
