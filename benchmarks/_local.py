@@ -142,7 +142,7 @@ def _job_ranks(path: str, job: str, ranks: int, world: int, uuids: list[str],
             ahead = due - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)
-            data = enc.encode((step, step < 2, time.time(), 0.8, 0.1, 0.5, 0.15, 4096, 1e14), 0)
+            data = enc.encode((step, step < 2, time.time(), 0.8, 0.1, 0.5, 0.15, 4096, 1e14, ()), 0)
             try:
                 sock.send(data)
             except BlockingIOError:

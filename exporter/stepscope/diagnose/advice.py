@@ -15,6 +15,10 @@ KIND_ADVICE: dict[str, str] = {
     "(torch.compile mode='reduce-overhead'), fuse with torch.compile, raise the batch, and "
     "drop host syncs in the step (.item(), .cpu(), printing a tensor) or do them every N "
     "steps.",
+    "transfer_bound": "The step body waits for host-to-device copies while the SMs idle: "
+    "load batches into pinned memory (DataLoader(pin_memory=True)), copy with "
+    ".to(device, non_blocking=True), prefetch the next batch to the GPU on a side stream "
+    "while this one computes, or keep data that every step reads resident on the GPU.",
     "input_cpu": "The DataLoader workers have the CPUs pegged, so more workers will not "
     "help: lighten the augmentation or move decoding/augmentation to the GPU (e.g. DALI).",
     "input_io": "The loader waits on storage: use faster storage (FSx for Lustre for small "
@@ -27,6 +31,11 @@ KIND_ADVICE: dict[str, str] = {
     "gradient_as_bucket_view=True.",
     "waiting_on_peer": "This rank waits in all-reduce for a slower peer: look at that "
     "rank's GPU (thermal, clocks) and host, not at this one.",
+    "between_steps": "Most of the wall time is spent between steps, where the GPU idles "
+    "(checkpoints, evaluation, logging, or an untimed loader): checkpoint asynchronously "
+    "(torch.distributed.checkpoint.async_save) or sharded, and less often; evaluate less "
+    "often or off the training ranks; log every N steps; wrap the loader in "
+    "reporter.timed() and name the rest with reporter.phase() to see which it is.",
     "idle": "Nothing runs here: no training steps and no GPU activity.",
     "finished": "The rank's training process has ended; its verdict drops out shortly.",
     "unknown": "Not enough data to tell; see the evidence.",
@@ -48,6 +57,14 @@ MODIFIER_ADVICE: dict[str, str] = {
     "tcp_suspected": "The job spans nodes but RDMA counters are flat: NCCL has probably "
     "fallen back to TCP sockets; check its log with `stepscope nccl-check` (expect "
     "'NET/OFI Selected provider is efa').",
+    "checkpoint": "Checkpoint saving blocks training: save asynchronously "
+    "(torch.distributed.checkpoint.async_save, or Lightning's AsyncCheckpointIO), shard "
+    "the save across ranks (torch.distributed.checkpoint) instead of gathering on one, "
+    "and checkpoint less often.",
+    "evaluation": "Evaluation stops training: evaluate less often or on fewer batches, "
+    "or off the critical path (a separate job or process on a saved checkpoint).",
+    "logging": "Logging stops training: log every N steps, and avoid host syncs "
+    "(.item(), .cpu()) and blocking uploads in the logger.",
     "gpu_down": "The GPU stopped answering: drain the node, reset the GPU or reboot; "
     "replace it if it falls off again.",
     "xid_critical": "A critical XID: drain the GPU and reset it as NVIDIA's XID catalogue "

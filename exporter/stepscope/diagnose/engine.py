@@ -22,6 +22,7 @@ from stepscope.core.snapshot import Snapshot
 from stepscope.diagnose.advice import advice_for
 from stepscope.diagnose.faults import Fault, HeldXid, gpu_faults, noted_xids
 from stepscope.diagnose.finished import FinishedRank
+from stepscope.diagnose.lost_time import between_steps_verdict, transfer_bound_why
 from stepscope.diagnose.model import Diagnosis, Subject, Verdict
 from stepscope.diagnose.thresholds import Thresholds
 from stepscope.diagnose.window import RankWindow, SnapshotWindow
@@ -91,6 +92,7 @@ class GpuWindow:
     series: dict[str, Sequence[float | None]]
     faults: tuple[Fault, ...] = ()
     notes: tuple[str, ...] = ()  # non-critical XIDs in the window
+    pcie_rx: float | None = None  # bytes/s the GPU received over PCIe (host to device)
 
     # made once per GPU window, however many ranks share the GPU
     @cached_property
@@ -161,6 +163,7 @@ def gpu_window(
         series={"sm_active": sm, "gpu_util": util},
         faults=faults,
         notes=tuple(noted_xids(timed[0][1], latest)),
+        pcie_rx=_mean(series("pcie_rx_bytes")),
     )
 
 
@@ -217,6 +220,7 @@ def _signals_of(gpu: GpuWindow) -> dict[str, float | None]:
         "dram_active": gpu.dram,
         "thermal_share": gpu.thermal_share,
         "power_share": gpu.power_share,
+        "pcie_rx_bytes_per_second": gpu.pcie_rx,
     }
 
 
@@ -568,12 +572,16 @@ def rank_verdict(
                  "warm-up or very long steps"],
         )  # fmt: skip
     data, compute, comm, other = shares
+    signals["between_steps_share"] = other
     if data >= th.input_share and data >= comm:
         kind, why = _input_verdict(host, th)
         return verdict(kind, why=why)
     if comm >= th.comm_share:
         return _comm_verdict(rw, peers, window, th, verdict)
     if compute >= other:
+        if other >= th.between_steps_share:  # not the largest, yet worth saying
+            ev.append(f"{_pct(other)} of the step is between steps (checkpoints, "
+                      "evaluation, logging, an untimed loader)")  # fmt: skip
         sm = gpu.sm_active if gpu is not None else None
         if gpu is not None and sm is not None and sm < th.host_bound_sm_active:
             return _idle_body_verdict(gpu, sm, compute, host, th, verdict)
@@ -584,6 +592,8 @@ def rank_verdict(
                 "small kernels or host-bound launches"
             )
         return verdict("compute", mods, why)
+    if other >= th.between_steps_share:
+        return between_steps_verdict(rw.dur, rw.steps, other, rw.spans, th, verdict)
     return verdict(
         "unknown",
         why=[f"most of the step ({_pct(other)}) is outside the timed loader and step body: "
@@ -611,6 +621,9 @@ def _idle_body_verdict(
             "SMs idle; a larger batch or fused kernels fill the GPU"
         )
         return verdict("compute", mods, why)
+    copying = transfer_bound_why(gpu.pcie_rx, head, th)
+    if copying is not None:
+        return verdict("transfer_bound", why=copying)
     proc = host.process if host is not None else None
     if proc is None:
         return verdict("host_bound", why=[

@@ -14,11 +14,13 @@ KINDS: tuple[str, ...] = (
     "gpu_fault",
     "compute",
     "host_bound",
+    "transfer_bound",
     "input_cpu",
     "input_io",
     "input",
     "communication",
     "waiting_on_peer",
+    "between_steps",
     "idle",
     "finished",
     "unknown",
@@ -32,6 +34,9 @@ FAULT_MODIFIERS: tuple[str, ...] = (
     "row_remap_pending",
     "pcie_replay_storm",
 )
+# The named spans between steps a ``between_steps`` verdict names (one modifier each):
+# the SDK's span names (stepscope.shared.datagram.SPANS) but its catch-all "other".
+SPAN_MODIFIERS: tuple[str, ...] = ("checkpoint", "evaluation", "logging")
 # Qualifiers of a verdict (``stepscope_bottleneck_modifier{modifier}``).
 MODIFIERS: tuple[str, ...] = (
     "fp32_no_tensor",
@@ -40,13 +45,14 @@ MODIFIERS: tuple[str, ...] = (
     "thermal_throttle",
     "power_cap",
     "tcp_suspected",
+    *SPAN_MODIFIERS,
     *FAULT_MODIFIERS,
 )
 # Kinds that mean "time is leaking" (or the hardware is broken): `stepscope diagnose`
 # exits 1 on one of these, or on a thermally throttled GPU (the classic straggler).
 BOTTLENECK_KINDS: frozenset[str] = frozenset(
-    {"gpu_fault", "host_bound", "input_cpu", "input_io", "input", "communication",
-     "waiting_on_peer"}
+    {"gpu_fault", "host_bound", "transfer_bound", "input_cpu", "input_io", "input",
+     "communication", "waiting_on_peer", "between_steps"}
 )  # fmt: skip
 ALERT_MODIFIERS: frozenset[str] = frozenset({"thermal_throttle", "tcp_suspected"})
 

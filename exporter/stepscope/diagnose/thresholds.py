@@ -44,6 +44,14 @@ class Thresholds:
     main_cpu_busy: float = 0.7
     # ... unless kernels run all the time (util %, at/above this): small grids instead
     busy_gpu_util: float = 90.0
+    # transfer_bound: PCIe receive (bytes/s) at/above this while the step body's SMs idle
+    # (a pageable copy read 6.9 GB/s on the H200; launches alone move a few MB/s)
+    h2d_bytes_per_second: float = 1e9
+    # between_steps: step time outside the timed loader and body at/above this share,
+    # and above the body's ...
+    between_steps_share: float = 0.3
+    # ... naming a span (checkpoint, evaluation, logging) at/above this share of step time
+    span_share: float = 0.1
     dram_busy: float = 0.45  # DRAM active at/above this with tensor pipes idle: memory_bound
     pcie_replays_per_minute: float = 8.0  # PCIe replays: a storm (DCGM's health limit)
     fault_hold: float = 600.0  # seconds a critical XID keeps the fault verdict (no reset seen)
@@ -56,6 +64,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "idle_gpu_util": (0.0, 100.0),
     "peer_excess": (0.0, 100.0),
     "rdma_flat_bytes_per_second": (0.0, 1e12),
+    "h2d_bytes_per_second": (0.0, 1e12),
     "main_cpu_busy": (0.0, 1024.0),
     "busy_gpu_util": (0.0, 100.0),
     "pcie_replays_per_minute": (0.0, 1e9),

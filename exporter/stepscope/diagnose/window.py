@@ -157,6 +157,9 @@ class RankWindow(NamedTuple):
     dur: float
     phases: Phases
     series: RankSeries
+    # seconds in each named span of SPANS over the window (part of phases.other);
+    # None: the rank names none
+    spans: tuple[float, ...] | None = None
 
     def shares(self) -> Phases:
         """Each phase's share of the window's step time."""
@@ -173,19 +176,22 @@ _ZERO = Phases()
 
 
 # What the window keeps of each view of a rank: (seq, steps, measured steps, step
-# seconds, and the seconds of each phase). A tuple of numbers, which the garbage
-# collector stops tracking after its first look (a RankView, a NamedTuple, it tracks for
-# good): at 512 ranks and a 30 s window, ~16,000 objects fewer for every full collection.
-_Counts = tuple[int, int, int, float, float, float, float, float]
+# seconds, the seconds of each phase, and those of each named span or None). Tuples of
+# numbers, which the garbage collector stops tracking after its first look (a RankView, a
+# NamedTuple, it tracks for good): at 512 ranks and a 30 s window, ~16,000 objects fewer
+# for every full collection.
+_Counts = tuple[int, int, int, float, float, float, float, float, tuple[float, ...] | None]
 # their places (then the phases, in PHASES order)
 _SEQ: Final = 0
 _STEPS: Final = 1
 _MEASURED: Final = 2
 _DUR: Final = 3
+_SPANS: Final = 8
 
 
 def _counts(seq: int, view: RankView) -> _Counts:
-    return (seq, view.steps, view.measured_steps, view.step_seconds_sum, *view.phase_seconds)
+    return (seq, view.steps, view.measured_steps, view.step_seconds_sum, *view.phase_seconds,
+            view.span_seconds)  # fmt: skip
 
 
 class _Rank:
@@ -240,9 +246,23 @@ class _Rank:
             steps=last[_MEASURED] - first[_MEASURED],
             all_steps=last[_STEPS] - first[_STEPS],
             dur=last[_DUR] - first[_DUR],
-            phases=Phases._make(map(operator.sub, last[_DUR + 1 :], first[_DUR + 1 :])),
+            phases=Phases._make(
+                map(operator.sub, last[_DUR + 1 : _SPANS], first[_DUR + 1 : _SPANS])
+            ),
             series=self.series.series(),
+            spans=_span_change(first[_SPANS], last[_SPANS]),
         )
+
+
+def _span_change(
+    first: tuple[float, ...] | None, last: tuple[float, ...] | None
+) -> tuple[float, ...] | None:
+    """Seconds per named span between two views (None: the rank names none)."""
+    if last is None:
+        return None
+    if first is None:
+        return last
+    return tuple(b - a for a, b in zip(first, last, strict=True))
 
 
 class _Keyed(Generic[K, T]):

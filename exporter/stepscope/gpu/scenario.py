@@ -28,7 +28,7 @@ import yaml
 Activity = Literal["busy", "idle", "sawtooth"]
 Precision = Literal["bf16", "fp16", "tf32", "fp32", "fp64", "int8"]
 Thermal = Literal["none", "sw", "hw", "both"]
-Wait = Literal["data", "collective"]
+Wait = Literal["data", "collective", "copy"]
 Kernels = Literal["gemm", "elementwise"]
 
 ACTIVITIES: tuple[str, ...] = get_args(Activity)
@@ -90,8 +90,9 @@ class Workload:
     ``level``: SM active while a kernel runs (0-1). ``period``/``duty``: for
     ``sawtooth``, busy for ``duty * period`` seconds out of every ``period``.
     ``wait``: what fills a sawtooth's gaps: ``data`` (no kernel: the GPU waits
-    for input) or ``collective`` (an NCCL kernel spins on a few SMs waiting for
-    peers, so GPU utilization still reads 100%). ``memory``: framebuffer share
+    for input), ``collective`` (an NCCL kernel spins on a few SMs waiting for
+    peers, so GPU utilization still reads 100%) or ``copy`` (no kernel: the batch is
+    copied from pageable host memory, PCIe receive busy). ``memory``: framebuffer share
     in use (0-1); None means "by activity" (most of it unless idle). ``kernels``:
     ``gemm`` (matrix multiplies: the precision's pipes) or ``elementwise``
     (element-wise and normalisation kernels: DRAM-bound, tensor pipes nearly idle).

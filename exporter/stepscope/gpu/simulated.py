@@ -103,6 +103,9 @@ CONTEXT_MIB = 4
 PCIE_RX_BUSY = 0.8e9  # bytes/s host-to-device while training (input batches)
 PCIE_TX_BUSY = 0.1e9
 PCIE_BASE = 2.0e6
+# host-to-device from pageable memory in a sawtooth's gaps (``wait: copy``): measured on
+# an H200, a step copying its batch with .to(device) from pageable memory, 6.9 GB/s
+PCIE_RX_PAGEABLE = 6.9e9
 NVLINK_BUSY = 45e9  # gradient all-reduce traffic per direction, multi-GPU nodes only
 # What the driver and firmware keep of the framebuffer (NVML's ``reserved``): a few hundred
 # MiB on these boards, taken here as a share of the total (an estimate, not a measurement).
@@ -145,7 +148,8 @@ class _Segment:
     __slots__ = (
         "a", "b0", "clock", "dfma", "dp", "dram", "e0", "fp16", "fp32", "fp64", "hmma",
         "hw", "hw0", "imma", "kind", "mem_used", "on_len", "p_off", "p_on", "pc", "pc0",
-        "period", "reasons", "start", "sw", "sw0", "temp_fixed", "tensor", "w_kernel", "w_sm",
+        "period", "reasons", "start", "sw", "sw0", "temp_fixed", "tensor", "w_kernel", "w_rx",
+        "w_sm",
     )
 
     def __init__(self, start: float, state: _State, dev: DeviceSpec) -> None:
@@ -174,6 +178,8 @@ class _Segment:
         collective = self.kind == _KIND_SAW and state.wait == "collective"
         self.w_kernel = 1.0 if collective else 0.0
         self.w_sm = COLLECTIVE_WAIT_SM if collective else 0.0
+        copy = self.kind == _KIND_SAW and state.wait == "copy"
+        self.w_rx = PCIE_RX_PAGEABLE if copy else 0.0  # PCIe receive in the gaps
         # Between steps of a sawtooth the clocks stay up; only a really idle GPU drops.
         gap_power = 0.0 if self.kind == _KIND_IDLE else (0.2 if collective else 0.1)
         self.p_off = m.idle_power_w + gap_power * headroom
@@ -455,7 +461,8 @@ class _SimGpu:
                     "pipe_fp16_active": active * seg.fp16,
                     "dram_active": dram,
                     "pcie_tx_bytes": PCIE_BASE + on_frac * PCIE_TX_BUSY * (1.0 + 0.05 * j2),
-                    "pcie_rx_bytes": PCIE_BASE + on_frac * PCIE_RX_BUSY * (1.0 + 0.05 * j2),
+                    "pcie_rx_bytes": PCIE_BASE + (on_frac * PCIE_RX_BUSY + gap * seg.w_rx)
+                    * (1.0 + 0.05 * j2),
                     "nvlink_tx_bytes": kernel * self.nvlink * (1.0 + 0.05 * j2),
                     "nvlink_rx_bytes": kernel * self.nvlink * (1.0 + 0.05 * j2),
                 })
@@ -471,6 +478,9 @@ class _SimGpu:
                 "sync_boost_violation": 0.0,
                 "board_limit_violation": 0.0,
                 "pcie_replay": float(_count(self.replay, t) if self.replay else 0),
+                # a simulated board runs at its default limit (power_cap: the work hits it)
+                "enforced_power_limit": self.limit_w,
+                "power_mgmt_limit_def": self.limit_w,
                 # DCGM's NVLink bandwidth: rx + tx data in KiB/s, / 1000 (fields.py)
                 "nvlink_bandwidth_total": 2.0 * kernel * self.nvlink * (1.0 + 0.05 * j2)
                 / 1024.0 / 1000.0,

@@ -51,7 +51,14 @@ from stepscope.core.labels import RankIdentity
 from stepscope.core.source import PartKey
 from stepscope.ingest.native import NativeCounts
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS, PeakTable
-from stepscope.shared.datagram import DEFAULT_PRECISION, REJECT_REASONS, Limits, Phases, StepRecord
+from stepscope.shared.datagram import (
+    DEFAULT_PRECISION,
+    REJECT_REASONS,
+    SPANS,
+    Limits,
+    Phases,
+    StepRecord,
+)
 
 # Upper bounds (seconds) of the step-duration histogram, for training steps from
 # 10 ms (small models, inference-like loops) to 2 min (huge global batches, pipeline
@@ -118,6 +125,8 @@ class JobView(NamedTuple):
     bucket_counts: tuple[int, ...]
     # ranks of the job taken over by a new process after their old one exited
     restarts: int = 0
+    # measured steps' seconds in each named span of SPANS (StepReporter.phase); None: none
+    span_seconds: tuple[float, ...] | None = None
 
     @property
     def measured_steps(self) -> int:
@@ -163,6 +172,9 @@ class RankView(NamedTuple):
     ident: RankIdentity | None = None
     # the measured steps' times in exponential buckets (served as a native histogram)
     native: NativeHistogram | None = None
+    # the measured steps' seconds in each named span of SPANS (part of phase "other");
+    # None: the rank never named one
+    span_seconds: tuple[float, ...] | None = None
 
     @property
     def measured_steps(self) -> int:
@@ -208,9 +220,11 @@ class _JobState:
     buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))
 
     restarts: int = 0
+    spans: list[float] | None = None  # seconds per SPANS, once a rank names one
 
     def view(self, job: str) -> JobView:
-        return JobView(job, self.dur_sum, tuple(self.buckets), self.restarts)
+        spans = tuple(self.spans) if self.spans is not None else None
+        return JobView(job, self.dur_sum, tuple(self.buckets), self.restarts, spans)
 
 
 @dataclass(slots=True)
@@ -248,6 +262,7 @@ class _RankState:
     dropped: int = 0
     nccl_transport: str | None = None
     native: NativeCounts = field(default_factory=NativeCounts)
+    spans: list[float] | None = None  # seconds per SPANS, once the rank names one
     # (second, flops, first start, last end) per whole second of receive time: the
     # current second a list, updated in place; a complete one a tuple, which the garbage
     # collector stops tracking (at 512 ranks, ~16,000 objects fewer in each collection)
@@ -291,6 +306,8 @@ class _RankState:
         self.compute += rec.compute
         self.comm += rec.comm
         self.other += rec.other
+        if rec.spans is not None:
+            self._add_spans(rec.spans)
         self.tokens += rec.tokens
         self.flops += rec.flops
         # the SDK sends flops 0 when the job gave no FLOPs count: "none reported"
@@ -315,6 +332,22 @@ class _RankState:
                 win[-1] = tuple(done)
             win.append([sec, rec.flops, start, rec.t])
             self._expire_window(now - window - 1.0)
+
+    def _add_spans(self, spans: tuple[float, ...]) -> None:
+        """Count a step's named spans for the rank and its job."""
+        mine = self.spans
+        if mine is None:
+            mine = self.spans = [0.0] * len(SPANS)
+        job = self.job_state
+        theirs = None
+        if job is not None:
+            theirs = job.spans
+            if theirs is None:
+                theirs = job.spans = [0.0] * len(SPANS)
+        for i, v in enumerate(spans):
+            mine[i] += v
+            if theirs is not None:
+                theirs[i] += v
 
     def _expire_window(self, cutoff: float) -> None:
         """Drop the seconds before ``cutoff`` from the window and its running figures."""
@@ -372,6 +405,7 @@ class _RankState:
             self.nccl_transport,
             self.ident,
             self.native.view(),
+            tuple(self.spans) if self.spans is not None else None,
         )
 
 

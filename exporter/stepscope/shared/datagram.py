@@ -37,12 +37,17 @@ key                type      meaning
 ``dropped``       int       datagrams this rank failed to send so far
 ``nccl_transport`` str      the network NCCL chose for the rank, once known:
                             one of :data:`NCCL_TRANSPORTS` (opt-in in the SDK)
+``spans``         object    seconds of named spans between steps (checkpoint,
+                            evaluation, ...) that ended since the previous
+                            step: ``{"checkpoint": 1.02}``; keys outside
+                            :data:`SPANS` count as ``other``; part of ``other``
 =================  ========  ==================================================
 
 Phases: ``data + compute + comm <= dur`` (up to rounding); the rest of the step is
 ``other``. Unknown keys are ignored (forward compatibility within a version: an exporter
-older than ``nccl_transport`` accepts datagrams carrying it); a different ``v`` is
-rejected.
+older than ``nccl_transport`` or ``spans`` accepts datagrams carrying them); a different
+``v`` is rejected. The named ``spans`` are clamped to the step's ``other`` (they are
+timed on the host clock, ``other`` may come from CUDA events).
 
 Validation is the per-datagram hot path (target: 50,000 datagrams/s on one core with
 the socket and the aggregation included), so checks are plain ``type() is`` tests and
@@ -77,6 +82,10 @@ PRECISIONS = ("bf16", "fp16", "tf32", "fp32", "fp8")
 # InfiniBand/RoCE verbs, TCP sockets. A closed set: the exporter serves it as a label.
 NCCL_TRANSPORTS = ("efa", "ib", "libfabric", "socket")
 PHASES = ("data_wait", "compute", "comm", "other")
+# Named spans of the time between steps (``StepReporter.phase(name)``): a closed set,
+# since the exporter serves them as a label value; any other name counts as "other".
+SPANS = ("checkpoint", "evaluation", "logging", "other")
+MAX_SPAN_KEYS = 16  # keys in one datagram's "spans" object (a bound on parsing work)
 
 
 class Phases(NamedTuple):
@@ -284,6 +293,8 @@ class StepRecord(NamedTuple):
     dropped: int
     # None: not reported (the SDK did not opt in, NCCL has not said yet, an older SDK)
     nccl_transport: str | None = None
+    # seconds of each of SPANS in this step's ``other`` (clamped to it); None: none named
+    spans: tuple[float, ...] | None = None
 
 
 class Rejection(NamedTuple):
@@ -397,6 +408,9 @@ def _step(obj: dict[str, Any], limits: Limits) -> StepRecord:
             raise _Reject(
                 "bad_label", "nccl_transport is not one of " + ", ".join(NCCL_TRANSPORTS)
             )
+    other = max(0.0, dur - phases)
+    raw_spans = obj.get("spans")
+    spans = None if raw_spans is None and "spans" not in obj else _spans(raw_spans, other)
     return StepRecord(
         job,
         rank,
@@ -407,7 +421,7 @@ def _step(obj: dict[str, Any], limits: Limits) -> StepRecord:
         data,
         compute,
         comm,
-        max(0.0, dur - phases),
+        other,
         warmup,
         tokens,
         flops,
@@ -417,7 +431,38 @@ def _step(obj: dict[str, Any], limits: Limits) -> StepRecord:
         uuid,
         dropped,
         transport,
+        spans,
     )
+
+
+_SPAN_INDEX = {name: i for i, name in enumerate(SPANS)}
+_OTHER_SPAN = SPANS.index("other")
+
+
+def _spans(value: Any, other: float) -> tuple[float, ...] | None:
+    """The ``spans`` object as seconds per :data:`SPANS`, scaled down to fit ``other``
+    when the host-timed spans exceed it; None when it names no time."""
+    if type(value) is not dict:
+        raise _Reject("wrong_type", "spans must be an object of name to seconds")
+    if len(value) > MAX_SPAN_KEYS:
+        raise _Reject("out_of_range", f"spans has more than {MAX_SPAN_KEYS} names")
+    out = [0.0] * len(SPANS)
+    for name, seconds in value.items():
+        kind = type(seconds)
+        if kind is not float and kind is not int:
+            raise _Reject("wrong_type", "a span's seconds must be a number")
+        v = float(seconds)
+        if not math.isfinite(v) or not 0.0 <= v <= MAX_STEP_SECONDS:
+            raise _Reject("out_of_range", "a span's seconds are out of range")
+        # a name a newer SDK knows and this exporter does not: time between steps still
+        out[_SPAN_INDEX.get(name, _OTHER_SPAN)] += v
+    total = sum(out)
+    if total <= 0.0:
+        return None
+    if total > other:
+        scale = other / total
+        out = [v * scale for v in out]
+    return tuple(out)
 
 
 def parse_datagram(data: bytes, limits: Limits) -> StepRecord | Rejection:
@@ -452,8 +497,10 @@ def parse_datagram(data: bytes, limits: Limits) -> StepRecord | Rejection:
 
 # What the SDK's training thread queues per step, a plain tuple (cheapest to build;
 # encoded later on the sender thread): (step, warmup, t, dur, data, compute, comm,
-# tokens, flops). The exporter's parsed form is :class:`StepRecord`.
-PendingStep = tuple[int, bool, float, float, float, float, float, int, float]
+# tokens, flops, spans), spans a ((name, seconds), ...) tuple, empty when none. The
+# exporter's parsed form is :class:`StepRecord`.
+Spans = tuple[tuple[str, float], ...]
+PendingStep = tuple[int, bool, float, float, float, float, float, int, float, Spans]
 
 
 class StepEncoder:
@@ -494,11 +541,16 @@ class StepEncoder:
         Durations are printed to the nanosecond (``%.9f``), so every value is a
         plain JSON number; ``flops`` is finite (checked when the record is made).
         """
-        step, warm, t, dur, data, compute, comm, tokens, flops = record
+        step, warm, t, dur, data, compute, comm, tokens, flops, spans = record
+        # names are SDK-checked identifiers: "spans" is plain JSON without escaping
+        named = (
+            ',"spans":{' + ",".join(f'"{n}":{v:.6f}' for n, v in spans) + "}" if spans else ""
+        )
         return (
             f'{self.prefix}"step":{step},"warmup":{"true" if warm else "false"},'
             f'"t":{t:.6f},"dur":{dur:.9f},"data":{data:.9f},"compute":{compute:.9f},'
-            f'"comm":{comm:.9f},"tokens":{tokens},"flops":{flops!r},"dropped":{dropped}}}'
+            f'"comm":{comm:.9f},"tokens":{tokens},"flops":{flops!r},"dropped":{dropped}'
+            f"{named}}}"
         ).encode()
 
 

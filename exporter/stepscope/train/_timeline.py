@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepscope.shared import datagram as schema
-from stepscope.shared.datagram import PendingStep
+from stepscope.shared.datagram import PendingStep, Spans
 
 log = logging.getLogger("stepscope.train")
 
@@ -45,8 +45,8 @@ PREWARM_EVENTS = 32
 # A step's comm events: per backward pass, (ready event, all-reduce done events).
 Pairs = Sequence[tuple[Any, Sequence[Any]]]
 # One pending step: (number, warm, tokens, flops, host data wait, host gap, previous
-# step's end event or None, start event, end event, comm event pairs)
-Pending = tuple[int, bool, int, float, float, float, Any, Any, Any, Pairs]
+# step's end event or None, start event, end event, comm event pairs, named spans)
+Pending = tuple[int, bool, int, float, float, float, Any, Any, Any, Pairs, Spans]
 
 
 def step_record(
@@ -58,9 +58,11 @@ def step_record(
     comm: float,
     tokens: int,
     flops: float,
+    spans: Spans = (),
 ) -> PendingStep | None:
     """The record to send for a step, or None if its duration cannot be sent (over
-    :data:`~stepscope.shared.datagram.MAX_STEP_SECONDS`). Comm is clamped to the body."""
+    :data:`~stepscope.shared.datagram.MAX_STEP_SECONDS`). Comm is clamped to the body;
+    ``spans``: the named spans between the previous step and this one."""
     if not 0.0 < dur <= schema.MAX_STEP_SECONDS:
         if dur > 0.0 or dur != dur:
             return None
@@ -68,7 +70,7 @@ def step_record(
     comm = min(max(comm, 0.0), body)
     if not flops < math.inf:  # inf or NaN from an overflowing product
         flops = 0.0
-    return (number, warm, time.time(), dur, data, body - comm, comm, tokens, flops)
+    return (number, warm, time.time(), dur, data, body - comm, comm, tokens, flops, spans)
 
 
 class CudaTimeline:
@@ -137,7 +139,7 @@ class CudaTimeline:
         return ev
 
     def queue(self, number: int, warm: bool, tokens: int, flops: float, data: float,
-              gap: float, start: Any, pairs: Pairs) -> bool:  # fmt: skip
+              gap: float, start: Any, pairs: Pairs, spans: Spans = ()) -> bool:  # fmt: skip
         """Record the end of the step that ``start`` began and queue the step for
         ``resolve``. False when it is dropped (the pool spent, or :data:`MAX_PENDING`
         steps waiting): its events are recycled, and its time goes to the next step,
@@ -148,7 +150,8 @@ class CudaTimeline:
             if end is not None and len(pending) < self.max_pending:
                 end.record()
                 pending.append(
-                    (number, warm, tokens, flops, data, gap, self._last_end, start, end, pairs)
+                    (number, warm, tokens, flops, data, gap, self._last_end, start, end, pairs,
+                     spans)
                 )
                 self._last_end = end
                 return True
@@ -181,7 +184,7 @@ class CudaTimeline:
             out.append(record)
             # Done with this step's start and comm events, and with the previous end
             # (this step's start of gap). Its end is the next step's start of gap.
-            prev_end, start, end, pairs = step[6:]
+            prev_end, start, end, pairs = step[6:10]
             held = self._held
             self.recycle(start, prev_end, held if held is not prev_end else None)
             self.recycle_pairs(pairs)
@@ -189,11 +192,13 @@ class CudaTimeline:
         return out
 
     def _read(self, step: Pending) -> PendingStep | None:
-        number, warm, tokens, flops, data, gap_host, prev_end, start, end, pairs = step
+        number, warm, tokens, flops, data, gap_host, prev_end, start, end, pairs, spans = step
         body = start.elapsed_time(end) / 1000.0
         gap = gap_host if prev_end is None else max(0.0, prev_end.elapsed_time(start) / 1000.0)
         comm = comm_seconds(pairs)
-        return step_record(number, warm, gap + body, min(data, gap), body, comm, tokens, flops)
+        return step_record(
+            number, warm, gap + body, min(data, gap), body, comm, tokens, flops, spans
+        )
 
     def _log_once(self, key: str, msg: str, *args: object) -> None:
         if key not in self._logged:

@@ -11,7 +11,9 @@ How a step is timed (docs/sdk.md has the long form):
   (``watch_ddp``): from the moment backward's last gradient bucket was ready until the
   last bucket's all-reduce completed, i.e. the all-reduce time backward could not hide.
   ``compute``: the rest of the ``with step()`` body. ``other``: the rest of ``dur``
-  (the loop's own work between steps, evaluation, checkpoints, failed steps).
+  (the loop's own work between steps, evaluation, checkpoints, failed steps); the parts
+  of it in ``with phase("checkpoint")`` (or ``evaluation``, ``logging``, ``other``) are
+  sent with the next step as named spans, so the exporter can say what the time was.
 - On CUDA the boundaries are CUDA events from a pool: the training thread only records
   them; the sender thread reads them once they have completed (``Event.query()`` never
   blocks), so ``dur`` and the phases are GPU time, not launch time (``_timeline``).
@@ -36,7 +38,7 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from stepscope.shared import datagram as schema
-from stepscope.shared.datagram import PendingStep, Refusal, StepEncoder
+from stepscope.shared.datagram import SPANS, PendingStep, Refusal, Spans, StepEncoder
 from stepscope.train import _nccl, ddp
 from stepscope.train._env import (
     cuda_device_uuid,
@@ -53,6 +55,7 @@ T = TypeVar("T")
 
 _clock = time.perf_counter
 _NO_COMM: tuple[float, Pairs] = (0.0, ())
+_SPAN_NAMES = frozenset(SPANS)
 
 
 def _check_count(name: str, value: object, *, minimum: int) -> int:
@@ -134,6 +137,31 @@ class _StepContext:
         tb: TracebackType | None,
     ) -> Literal[False]:
         self._reporter._exit(exc_type is None)
+        return False  # the user's exception propagates unchanged
+
+
+class _PhaseContext:
+    """What ``StepReporter.phase()`` returns: times one named span between steps."""
+
+    __slots__ = ("_name", "_reporter", "_start")
+
+    def __init__(self, reporter: StepReporter, name: str) -> None:
+        self._reporter = reporter
+        self._name = name
+        self._start: float | None = None
+
+    def __enter__(self) -> None:
+        self._start = self._reporter._phase_enter()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Literal[False]:
+        start, self._start = self._start, None
+        if start is not None:
+            self._reporter._phase_exit(self._name, start)
         return False  # the user's exception propagates unchanged
 
 
@@ -259,6 +287,8 @@ class StepReporter:
         self._timeline: CudaTimeline | None = None
         self._start_event: Any = None
         self._logged: set[str] = set()
+        self._spans: dict[str, float] = {}  # named spans since the last reported step
+        self._in_phase = False
         self.nccl_debug_file: str | None = None
         if _nccl.wanted(nccl_transport, os.environ):
             self._watch_nccl()
@@ -295,6 +325,20 @@ class StepReporter:
         self._tokens = tokens
         self._flops = flops
         return self._ctx
+
+    def phase(self, name: str) -> _PhaseContext:
+        """Context manager naming a span of time between steps, sent with the next step.
+
+        ``name``: ``"checkpoint"``, ``"evaluation"`` or ``"logging"``; any other name
+        counts as ``"other"`` (the exporter serves the name as a label: a closed set).
+        The span's wall time is part of the next step's ``other``; the exporter's
+        ``between_steps`` verdict says which span the time went to. Spans nest (only
+        the outermost counts); one inside ``with step()`` is step-body time and is not
+        counted (logged once). Exceptions in the body propagate unchanged.
+        """
+        if not isinstance(name, str) or name not in _SPAN_NAMES:
+            name = "other"
+        return _PhaseContext(self, name)
 
     def timed(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yield ``iterable``'s items unchanged, timing each wait for the next one.
@@ -383,6 +427,39 @@ class StepReporter:
     ) -> None:
         self.close()
 
+    # -- named spans between steps ---------------------------------------------
+
+    def _phase_enter(self) -> float | None:
+        """The span's start, or None when it does not count (nested, inside a step)."""
+        if self._in_phase:
+            return None
+        if self._open:
+            self._warn_once(
+                "phase_in_step",
+                "stepscope: phase() inside step(): that time is the step body's, not "
+                "counted as a span",
+            )
+            return None
+        self._in_phase = True
+        return _clock()
+
+    def _phase_exit(self, name: str, start: float) -> None:
+        self._in_phase = False
+        if self._mark is None:
+            return  # before the first step is timed: in no step's wall time
+        seconds = _clock() - start
+        if seconds > 0.0:
+            spans = self._spans
+            spans[name] = spans.get(name, 0.0) + seconds
+
+    def _take_spans(self) -> Spans:
+        spans = self._spans
+        if not spans:
+            return ()
+        out = tuple(spans.items())
+        spans.clear()
+        return out
+
     # -- the step ---------------------------------------------------------------
 
     def _enter(self) -> None:
@@ -453,17 +530,18 @@ class StepReporter:
             self._reported = reported + 1
             warm = reported < self.warmup_steps
             comm_host, pairs = self._comm.take() if self._watching else _NO_COMM
+            spans = self._take_spans() if self._spans else ()
             if timeline is not None:
                 start = self._start_event
                 self._start_event = None
-                if timeline.queue(number, warm, tokens, flops, data, gap, start, pairs):
+                if timeline.queue(number, warm, tokens, flops, data, gap, start, pairs, spans):
                     self._sender.start()
                 else:
                     self._sender.drop()
                 return
             body = end - enter_at
             comm = comm_host + (comm_seconds(pairs) if pairs else 0.0)  # sync: completed
-            self._send(number, warm, end - mark, data, body, comm, tokens, flops)
+            self._send(number, warm, end - mark, data, body, comm, tokens, flops, spans)
         except Exception as err:
             self._sender.drop()
             self._warn_once("exit", "stepscope: step end failed: %r", err)
@@ -511,8 +589,9 @@ class StepReporter:
         comm: float,
         tokens: int,
         flops: float,
+        spans: Spans = (),
     ) -> None:
-        record = step_record(number, warm, dur, data, body, comm, tokens, flops)
+        record = step_record(number, warm, dur, data, body, comm, tokens, flops, spans)
         if record is None:
             self._sender.drop()
         else:

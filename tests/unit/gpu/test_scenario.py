@@ -139,7 +139,7 @@ BAD: list[tuple[str, str]] = [
     ("timeline: [{thermal: true}]\n",
      "scenario.yaml: timeline[0].thermal: unknown thermal slowdown kind true (one of: none, sw,"),
     ("timeline: [{activity: sawtooth, wait: nccl}]\n",
-     "scenario.yaml: timeline[0].wait: unknown wait kind 'nccl' (one of: data, collective)"),
+     "scenario.yaml: timeline[0].wait: unknown wait kind 'nccl' (one of: data, collective, copy)"),
     ("model: H100\n", "scenario.yaml: model: unknown GPU model 'H100'"),
     ("devices: {0: {model: NVIDIA H100}}\n",
      "scenario.yaml: devices[0].model: unknown GPU model 'NVIDIA H100'; did you mean"),

@@ -148,7 +148,7 @@ def test_the_watcher_reads_a_bounded_amount_and_never_blocks_on_a_fifo(tmp_path:
 def datagram(transport: object = None, **extra: object) -> bytes:
     enc = StepEncoder("j", 0, 0, 2, "bf16", None, transport if isinstance(transport, str)
                       else None)  # fmt: skip
-    raw = json.loads(enc.encode((1, False, 1.7e9, 0.5, 0.0, 0.5, 0.0, 8, 0.0), 0))
+    raw = json.loads(enc.encode((1, False, 1.7e9, 0.5, 0.0, 0.5, 0.0, 8, 0.0, ()), 0))
     raw.update(extra)
     return json.dumps(raw).encode()
 

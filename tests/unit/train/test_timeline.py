@@ -59,7 +59,8 @@ def test_steps_are_read_in_order_once_completed_and_equal_what_the_events_measur
     gpu.done_until = 45.0
     (s0,) = tl.resolve(False)  # step 1 not done yet: it waits, in order
     assert s0 is not None
-    number, warm, _t, dur, data, compute, comm, tokens, flops = s0
+    number, warm, _t, dur, data, compute, comm, tokens, flops, spans = s0
+    assert spans == ()  # no phase() between the steps
     assert (number, warm, data, comm, tokens, flops) == (0, False, 0.0, 0.0, 10, 1e9)
     assert dur == pytest.approx(0.042)  # the 2 ms host gap before the first step, + 40
     assert compute == pytest.approx(0.040)

@@ -1,0 +1,81 @@
+"""Two ways a step loses its GPU that no kernel shows: time between steps, and
+host-to-device copies inside the step body. Pure functions over a rank's window.
+
+- ``between_steps``: most of the step is outside the timed loader and the step body
+  (checkpoint saves, evaluation, logging, an untimed loader). The SDK's
+  ``StepReporter.phase(name)`` (and the Lightning and Hugging Face integrations) name
+  those spans, so the verdict can say which one (a modifier each: ``checkpoint``,
+  ``evaluation``, ``logging``) instead of guessing.
+- ``transfer_bound``: the step body dominates and the SMs idle while the GPU's PCIe
+  receive is busy: the body copies its batch to the GPU (from pageable memory, or
+  synchronously), which launch-bound ``host_bound`` steps do not (their PCIe receive is
+  kernel launches only). docs/diagnosis.md states both rules and their thresholds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from stepscope.diagnose.advice import MODIFIER_ADVICE, advice_for
+from stepscope.diagnose.model import SPAN_MODIFIERS, Verdict
+from stepscope.diagnose.thresholds import Thresholds
+from stepscope.shared.datagram import SPANS
+
+
+class MakeVerdict(Protocol):
+    """The engine's verdict constructor for one subject."""
+
+    def __call__(
+        self, kind: str, mods: Sequence[str] = (), why: Sequence[str] = (), advice: str = ""
+    ) -> Verdict: ...
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:.0f}%"
+
+
+def between_steps_verdict(
+    dur: float, steps: int, other: float, spans: tuple[float, ...] | None,
+    th: Thresholds, verdict: MakeVerdict,
+) -> Verdict:  # fmt: skip
+    """``between_steps``: ``other`` (a share of the step time ``dur`` over ``steps``
+    steps) dominates; ``spans``: the seconds of each named span of SPANS, if any."""
+    per_step = other * dur / steps if steps else 0.0
+    why = [
+        f"{_pct(other)} of the step time ({per_step:.3f} s per step) is outside the timed "
+        "loader and step body"
+    ]
+    named = dict(zip(SPANS, spans, strict=True)) if spans is not None else {}
+    total_named = sum(named.values())
+    for name, seconds in sorted(named.items(), key=lambda kv: -kv[1]):
+        if seconds > 0.0 and dur > 0.0:
+            what = "named 'other'" if name == "other" else name
+            why.append(f"{what}: {_pct(seconds / dur)} of the step time ({seconds:.1f} s "
+                       "in the window)")  # fmt: skip
+    mods = [
+        m for m in sorted(SPAN_MODIFIERS, key=lambda m: -named.get(m, 0.0))
+        if dur > 0.0 and named.get(m, 0.0) / dur >= th.span_share
+    ]  # fmt: skip
+    unnamed = other - (total_named / dur if dur > 0.0 else 0.0)
+    if unnamed >= th.span_share:
+        why.append(
+            f"{_pct(unnamed)} of the step time is in no named span: the loop's own work, "
+            "an untimed loader (wrap it in reporter.timed()), or saving/evaluation not "
+            'marked with reporter.phase("checkpoint") / phase("evaluation")'
+        )
+    advice = ""
+    if mods:
+        advice = " ".join(MODIFIER_ADVICE[m] for m in mods)
+    return verdict("between_steps", mods, why, advice or advice_for("between_steps", ()))
+
+
+def transfer_bound_why(pcie_rx: float | None, head: str, th: Thresholds) -> list[str] | None:
+    """The evidence of a ``transfer_bound`` step body (``head``: the body's share and SM
+    activity), or None when the PCIe receive rate does not show copies."""
+    if pcie_rx is None or pcie_rx < th.h2d_bytes_per_second:
+        return None
+    return [
+        f"{head} while PCIe receive runs at {pcie_rx / 1e9:.1f} GB/s: the step body "
+        "waits for host-to-device copies, not for kernel launches",
+    ]
