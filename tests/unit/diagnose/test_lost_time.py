@@ -1,0 +1,119 @@
+"""Time lost outside the GPU's work: between steps (checkpoints, evaluation, logging)
+and host-to-device copies in the step body, told apart from the verdicts they resemble."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stepscope.host.model import HostReading, ProcessReading
+from tests.support.diagnosis import PID, Node, by_rank
+
+# spans per SPANS: (checkpoint, evaluation, logging, other)
+CHECKPOINT = (1.0, 0.0, 0.0, 0.0)
+# a step body that launches tiny kernels (or copies): the SMs ~idle
+IDLE_BODY = {"activity": "sawtooth", "period": 0.01, "duty": 0.4, "level": 0.05}
+
+
+def _host(main_cores: float) -> HostReading:
+    return HostReading(8, (0.2,) * 8, processes={PID: ProcessReading(PID, main_cores, 0, 0.0)})
+
+
+def _saving_every_fifth_step(node: Node, named: bool, gpu: int | None = 0) -> None:
+    """Each second: 5 steps of 50 ms, one of them after a 1 s blocking save."""
+    for i in range(5):
+        other = 1.0 if i == 0 else 0.0
+        node.step(0, 0.05 + other, other=other, gpu=gpu,
+                  spans=CHECKPOINT if named and i == 0 else None)  # fmt: skip
+
+
+def test_a_blocking_checkpoint_named_with_phase_reads_between_steps_checkpoint() -> None:
+    node = Node({"gpus": 1})
+    v = by_rank(node.run(20, lambda: _saving_every_fifth_step(node, named=True)))[0]
+    assert (v.kind, v.modifiers) == ("between_steps", ("checkpoint",)) and v.bottleneck
+    assert "async_save" in v.advice and "less often" in v.advice
+    assert v.signals["between_steps_share"] == pytest.approx(0.8, abs=0.01)
+    assert any(e.startswith("80% of the step time") for e in v.evidence), v.evidence
+    assert any(e.startswith("checkpoint: 80%") for e in v.evidence), v.evidence
+    assert not any("no named span" in e for e in v.evidence)
+
+
+def test_an_unnamed_stall_between_steps_reads_between_steps_not_unknown() -> None:
+    # the case of issue 26: it read "unknown, not enough data to tell"
+    node = Node({"gpus": 1})
+    v = by_rank(node.run(20, lambda: _saving_every_fifth_step(node, named=False)))[0]
+    assert (v.kind, v.modifiers) == ("between_steps", ()) and v.bottleneck
+    assert "async_save" in v.advice and "reporter.timed()" in v.advice
+    assert any("80% of the step time is in no named span" in e for e in v.evidence)
+
+
+def test_evaluation_and_logging_spans_name_each_modifier_largest_first() -> None:
+    node = Node({"gpus": 1})
+    spans = (0.0, 0.6, 0.3, 0.1)
+    v = by_rank(node.run(20, lambda: node.step(0, 1.1, other=1.0, gpu=0, spans=spans)))[0]
+    assert (v.kind, v.modifiers) == ("between_steps", ("evaluation", "logging"))
+    assert v.advice.startswith("Evaluation stops training")
+    assert any(e.startswith("named 'other': 9%") for e in v.evidence), v.evidence
+
+
+@pytest.mark.parametrize(
+    ("phases", "kind"),
+    [
+        # a starved loader with some time between steps: still input
+        ({"data": 0.5, "other": 0.4}, "input"),
+        # exposed all-reduce dominates: still communication
+        ({"comm": 0.5, "other": 0.35}, "communication"),
+        # a body that computes longer than the loop's own work: compute (noted)
+        ({"other": 0.4}, "compute"),
+        # a little time between steps is no verdict of its own
+        ({"other": 0.2}, "compute"),
+    ],
+)
+def test_time_between_steps_does_not_steal_a_true_verdict(
+    phases: dict[str, float], kind: str
+) -> None:
+    node = Node({"gpus": 1})
+    node.host.reading = _host(0.5)
+    v = by_rank(node.run(20, lambda: node.step(0, 1.0, gpu=0, **phases)))[0]
+    assert v.kind == kind, v.evidence
+    noted = any("between steps" in e for e in v.evidence)
+    assert noted == (kind == "compute" and phases["other"] >= 0.3)
+
+
+@pytest.mark.parametrize(
+    ("workload", "main_cores", "kind"),
+    [
+        # the body copies from pageable memory: PCIe receive ~4.4 GB/s, SMs idle, and the
+        # main thread busy in the copy's memcpy: transfer_bound, not host_bound
+        ({**IDLE_BODY, "wait": "copy"}, 1.0, "transfer_bound"),
+        # a synchronous copy the process sleeps through: transfer_bound, not unknown
+        ({**IDLE_BODY, "wait": "copy"}, 0.05, "transfer_bound"),
+        # launches alone: PCIe receive ~0.3 GB/s: host_bound, CUDA graphs advice
+        (IDLE_BODY, 1.0, "host_bound"),
+    ],
+)
+def test_host_to_device_copies_are_told_apart_from_launch_bound_steps(
+    workload: dict[str, Any], main_cores: float, kind: str
+) -> None:
+    node = Node({"gpus": 1, "workload": workload})
+    node.host.reading = _host(main_cores)
+    v = by_rank(node.run(20, lambda: node.step(0, 0.05, gpu=0)))[0]
+    assert v.kind == kind and v.bottleneck, v.evidence
+    rx = v.signals["pcie_rx_bytes_per_second"]
+    assert rx is not None
+    if kind == "transfer_bound":
+        assert rx == pytest.approx(0.6 * 6.9e9 + 0.4 * 0.8e9, rel=0.05)  # gaps + kernels
+        assert "pin_memory=True" in v.advice and "non_blocking=True" in v.advice
+        assert "CUDA graphs" not in v.advice
+        assert any(f"PCIe receive runs at {rx / 1e9:.1f} GB/s" in e for e in v.evidence)
+    else:
+        assert rx < 1e9 and "CUDA graphs" in v.advice
+
+
+def test_a_copy_beside_a_busy_gpu_is_compute() -> None:
+    # PCIe busy while the SMs compute: the copy overlaps, nothing is lost
+    node = Node({"gpus": 1})
+    node.host.reading = _host(1.0)
+    v = by_rank(node.run(20, lambda: node.step(0, 0.5, gpu=0)))[0]
+    assert v.kind == "compute"
