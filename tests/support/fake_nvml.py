@@ -97,6 +97,7 @@ class FakeGpu:
     # NVLink data counters (rx, tx) in KiB per link; an H200 has 18 links
     nvlink_kib: list[tuple[int, int]] = field(
         default_factory=lambda: [(1000 * i, 2000 * i) for i in range(18)])
+    enforced_limit_mw: int = 700_000  # the default's unless an operator lowered it
     encoder: int = 0  # H200: no NVENC, NVML answers 0
     decoder: int = 0
     # (isGridLicenseSupported, [(featureCode, featureState)]): a bare-metal GPU
@@ -221,6 +222,15 @@ class FakeNvml:
     def _c_power(self, handle: Any, ref: Any) -> int:
         return self._answer(handle, "nvmlDeviceGetPowerUsage", ref, 4, value=612_345)  # mW
 
+    def _c_enforced_limit(self, handle: Any, ref: Any) -> int:
+        gpu = self.gpus[(address_of(handle) - 0x1000) // 0x100]
+        return self._answer(handle, "nvmlDeviceGetEnforcedPowerLimit", ref, 4,
+                            value=gpu.enforced_limit_mw)
+
+    def _c_default_limit(self, handle: Any, ref: Any) -> int:
+        return self._answer(handle, "nvmlDeviceGetPowerManagementDefaultLimit", ref, 4,
+                            value=700_000)  # mW: an H200's
+
     def _c_memory(self, handle: Any, ref: Any) -> int:  # nvmlMemory_t v1: used has reserved
         return self._answer(handle, "nvmlDeviceGetMemoryInfo", ref, 24, total=143771 * 2**20,
                             used=(1024 + 551) * 2**20, free=142196 * 2**20)
@@ -316,6 +326,12 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int:
         return int(self._wrapped(self._c_power, ctypes.c_uint(), handle).value)
 
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: Any) -> int:
+        return int(self._wrapped(self._c_enforced_limit, ctypes.c_uint(), handle).value)
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, handle: Any) -> int:
+        return int(self._wrapped(self._c_default_limit, ctypes.c_uint(), handle).value)
+
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any) -> int:
         return int(self._wrapped(self._c_reasons, ctypes.c_ulonglong(), handle).value)
 
@@ -341,6 +357,8 @@ class FakeNvml:
                 "nvmlDeviceGetClockInfo": self._c_clock_info,
                 "nvmlDeviceGetTemperature": self._c_temperature,
                 "nvmlDeviceGetPowerUsage": self._c_power,
+                "nvmlDeviceGetEnforcedPowerLimit": self._c_enforced_limit,
+                "nvmlDeviceGetPowerManagementDefaultLimit": self._c_default_limit,
                 "nvmlDeviceGetMemoryInfo": self._c_memory,
                 "nvmlDeviceGetMemoryInfo_v2": self._c_memory_v2,
                 "nvmlDeviceGetEncoderUtilization": self._c_encoder,

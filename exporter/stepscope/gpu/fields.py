@@ -287,6 +287,27 @@ FIELDS: tuple[FieldSpec, ...] = (
         "W",
         Getter("nvmlDeviceGetPowerUsage", divisor=1000.0),  # mW
     ),
+    # The limits tell a GPU held at a lowered cap from one at its board's own: a busy bf16
+    # GPU sits at its default cap all the time, which is no fault (the power-cap alert
+    # compares the two). A limit changes only by an operator or the platform: slow tier.
+    FieldSpec(
+        "enforced_power_limit",
+        "DCGM_FI_DEV_ENFORCED_POWER_LIMIT",
+        GAUGE,
+        "Enforced power limit (in W): the effective limit after every limiter.",
+        "W",
+        Getter("nvmlDeviceGetEnforcedPowerLimit", divisor=1000.0),  # mW
+        Tier.SLOW,
+    ),
+    FieldSpec(
+        "power_mgmt_limit_def",
+        "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
+        GAUGE,
+        "Default power management limit (in W): the board's own, before any change.",
+        "W",
+        Getter("nvmlDeviceGetPowerManagementDefaultLimit", divisor=1000.0),  # mW
+        Tier.SLOW,
+    ),
     FieldSpec(
         "total_energy",
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",

@@ -60,6 +60,8 @@ GETTER_CALLS: dict[str, GetterCall] = {
         ("nvmlDeviceGetClockInfo", ctypes.c_uint),
         ("nvmlDeviceGetTemperature", ctypes.c_uint),
         ("nvmlDeviceGetPowerUsage", ctypes.c_uint),
+        ("nvmlDeviceGetEnforcedPowerLimit", ctypes.c_uint),
+        ("nvmlDeviceGetPowerManagementDefaultLimit", ctypes.c_uint),
         ("nvmlDeviceGetTotalEnergyConsumption", ctypes.c_ulonglong),
         ("nvmlDeviceGetMemoryInfo", compat.Memory),
     ),
