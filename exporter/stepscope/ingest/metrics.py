@@ -23,12 +23,13 @@ from stepscope.core.labels import LabelSchema
 from stepscope.ingest.aggregate import STEP_BUCKETS, TrainingView
 from stepscope.ingest.mfu import rank_mfu
 from stepscope.ingest.peak_flops import PeakTable
-from stepscope.shared.datagram import NCCL_TRANSPORTS, PHASES
+from stepscope.shared.datagram import NCCL_TRANSPORTS, PHASES, SPANS
 
 # le values as prometheus_client writes them ("0.5", "1.0", "+Inf")
 _LE = (*(label_string((("le", repr(float(b))),)) for b in STEP_BUCKETS), '{le="+Inf"}')
 _PHASE = tuple(label_string((("phase", p),)) for p in PHASES)
 _TRANSPORT = {t: label_string((("transport", t),)) for t in NCCL_TRANSPORTS}
+_SPAN = tuple(label_string((("span", s),)) for s in SPANS)
 _REPORTED = " Reported by the training ranks, aggregated by the exporter; warm-up steps excluded."
 
 
@@ -88,6 +89,28 @@ def restart_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
     for j in view.jobs:
         restarts.add(labels.subject(j.job, None, None, None), float(j.restarts))
     return [restarts]
+
+
+def span_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
+    """``stepscope_job_span_seconds_total{span}``: the job's named time between steps.
+
+    Per job, not per rank (a rank's spans feed its verdict in process): at most 4
+    series a job, and none for a job whose ranks name no span."""
+    fam = Family(
+        "stepscope_job_span_seconds_total",
+        COUNTER,
+        "Seconds the job's ranks on this node spent in named spans between steps "
+        "(StepReporter.phase: " + ", ".join(SPANS) + "), part of the step phase "
+        "other; absent for spans never named." + _REPORTED,
+    )
+    for j in view.jobs:
+        if j.span_seconds is None:
+            continue
+        lbl = labels.subject(j.job, None, None, None)
+        for span, seconds in zip(_SPAN, j.span_seconds, strict=True):
+            if seconds > 0.0:
+                fam.add(join_labels(lbl, span), seconds)
+    return [fam]
 
 
 def rank_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
@@ -239,5 +262,6 @@ def training_families(view: TrainingView, labels: LabelSchema) -> list[Family]:
         *rank_families(view, labels),
         *job_families(view, labels),
         *restart_families(view, labels),
+        *span_families(view, labels),
         *ingest_families(view),
     ]
