@@ -126,3 +126,34 @@ def test_accelerate_with_gradient_accumulation_reports_one_step_per_optimizer_st
     assert [(d["step"], d["tokens"], d["flops"]) for d in got] == [
         (i, 2 * TOKENS, 20.0 * TOKENS) for i in range(4)]
     assert all(d["precision"] == "fp32" and d["world_size"] == 1 for d in got)
+
+
+def test_the_trainers_checkpoints_evaluation_and_logging_are_named_spans(
+    tmp_path: Path,
+) -> None:
+    from transformers import Trainer, TrainingArguments
+
+    from stepscope.train.hf import StepscopeCallback
+    from tests.workers.integration_worker import TinyLM, make_collate, samples
+
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=8,
+                             max_steps=6, use_cpu=True, report_to="none",
+                             logging_strategy="steps", logging_steps=1,
+                             save_strategy="steps", save_steps=2,
+                             eval_strategy="steps", eval_steps=3,
+                             per_device_eval_batch_size=8, disable_tqdm=True)  # fmt: skip
+    trainer = Trainer(model=TinyLM(), args=args, train_dataset=samples(48, 1),
+                      eval_dataset=samples(16, 2), data_collator=make_collate(0.0))  # fmt: skip
+    with datagrams() as (col, ingest):
+        cb = StepscopeCallback.attach(trainer, "spans", ingest=ingest, warmup_steps=0)
+        trainer.train()
+        got = received(col, 6)
+    assert cb.errors == 0
+    spans = [d.get("spans", {}) for d in got]
+    # what ran after optimizer step N (global_step N) lands in the datagram of step N+1:
+    # saves after 2 and 4, evaluation after 3, logging after every step
+    assert [i for i, s in enumerate(spans) if "checkpoint" in s] == [2, 4], spans
+    assert [i for i, s in enumerate(spans) if "evaluation" in s] == [3], spans
+    assert all("logging" in s for s in spans[1:]) and "logging" not in spans[0]
+    assert all(sum(s.values()) <= d["dur"] for s, d in zip(spans, got, strict=True))
+    assert list((tmp_path).glob("checkpoint-*"))  # the saves happened, unchanged

@@ -76,6 +76,6 @@ def transfer_bound_why(pcie_rx: float | None, head: str, th: Thresholds) -> list
     if pcie_rx is None or pcie_rx < th.h2d_bytes_per_second:
         return None
     return [
-        f"{head} while PCIe receive runs at {pcie_rx / 1e9:.1f} GB/s: the step body "
+        f"{head}; meanwhile PCIe receive runs at {pcie_rx / 1e9:.1f} GB/s: the step body "
         "waits for host-to-device copies, not for kernel launches",
     ]

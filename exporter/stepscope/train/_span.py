@@ -8,9 +8,10 @@ import Lightning, transformers or torch live in their own submodules.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from stepscope.train.reporter import StepReporter
@@ -106,3 +107,36 @@ def watch_comm(reporter: StepReporter, model: Any) -> object:
 
         return watch_fsdp(reporter, model)
     return None
+
+
+def in_phase(
+    obj: Any, method: str, name: str, reporter: Callable[[], StepReporter | None]
+) -> Callable[[], None] | None:
+    """Run each call of ``obj.method`` (this instance only) inside
+    ``reporter().phase(name)``: a framework's checkpoint save or evaluation, timed as a
+    named span between steps. Returns the undo (None when there is no such method);
+    while ``reporter()`` is None the method runs unwrapped."""
+    original = getattr(obj, method, None)
+    if not callable(original):
+        return None
+    shadowed = method in getattr(obj, "__dict__", {})
+
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        rep = reporter()
+        if rep is None:
+            return original(*args, **kwargs)
+        with rep.phase(name):
+            return original(*args, **kwargs)
+
+    setattr(obj, method, timed)
+
+    def undo() -> None:
+        if getattr(obj, method, None) is not timed:
+            return  # wrapped again by someone else since: leave theirs in place
+        if shadowed:
+            setattr(obj, method, original)
+        else:
+            delattr(obj, method)
+
+    return undo

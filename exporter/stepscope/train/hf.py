@@ -11,6 +11,10 @@ step:
 - **step**: ``on_step_begin`` to ``on_step_end``: forward and backward of every
   micro-batch, gradient clipping, the optimizer and scheduler. Logging, evaluation
   and checkpoints run after ``on_step_end`` and are ``other``.
+- **named spans**: ``attach`` wraps this trainer's ``_save_checkpoint``, ``evaluate``
+  and ``log`` so their time between steps is the ``checkpoint``, ``evaluation`` and
+  ``logging`` span (``StepReporter.phase``; a callback's ``on_save``/``on_evaluate``
+  only say when they ended), so a ``between_steps`` verdict names them.
 - **comm**: the model the Trainer wrapped (``trainer.model_wrapped``): DDP through
   ``StepReporter.watch_ddp``, FSDP through :func:`stepscope.train.fsdp.watch_fsdp`.
 - **tokens**: the ``input_ids`` size of each micro-batch (shapes only, padding
@@ -34,7 +38,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from stepscope.train._guard import guarded
-from stepscope.train._span import OptimizerStep, count_tokens, watch_comm
+from stepscope.train._span import OptimizerStep, count_tokens, in_phase, watch_comm
 from stepscope.train.flops import transformer_flops_per_token
 from stepscope.train.reporter import StepReporter
 
@@ -61,6 +65,11 @@ def transformer_shape(model: Any) -> tuple[int, int, int, int] | None:
         return None
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     return int(count(exclude_embeddings=True)), layers, heads, int(head_dim)
+
+
+# (Trainer method, span): what the Trainer does between steps, each a named span
+_SPAN_METHODS = (("_save_checkpoint", "checkpoint"), ("evaluate", "evaluation"),
+                 ("log", "logging"))  # fmt: skip
 
 
 class StepscopeCallback(TrainerCallback):
@@ -111,6 +120,10 @@ class StepscopeCallback(TrainerCallback):
             return batches, items
 
         trainer.get_batch_samples = get_batch_samples
+        # the Trainer's own methods for what it does between steps (private
+        # _save_checkpoint since transformers 4.x; absent ones are left alone)
+        for method, span in _SPAN_METHODS:
+            in_phase(trainer, method, span, lambda: cb.reporter)
         return cb
 
     # -- Trainer events -------------------------------------------------------------

@@ -11,6 +11,10 @@ One optimizer step is one reported step, whatever ``accumulate_grad_batches`` is
   (``on_before_optimizer_step`` ran), so forward, backward and the optimizer are in it.
   The time between steps (batch transfer, Lightning's own per-batch work, other
   callbacks, validation, checkpoints) is ``other``.
+- **named spans**: checkpoint saves (``trainer.save_checkpoint``, which
+  ``ModelCheckpoint`` calls, wrapped for the run) are ``checkpoint``; the validation loop
+  (``on_validation_start`` to ``on_validation_end``) is ``evaluation``
+  (``StepReporter.phase``), so a ``between_steps`` verdict names them.
 - **comm**: DDP (``strategy="ddp"``) through ``StepReporter.watch_ddp``, FSDP
   (``strategy="fsdp"``) through :func:`stepscope.train.fsdp.watch_fsdp`.
 - **tokens**: ``tokens_fn(batch)`` per micro-batch; by default the ``input_ids`` of a
@@ -31,7 +35,13 @@ from collections.abc import Callable
 from typing import Any
 
 from stepscope.train._guard import guarded
-from stepscope.train._span import OptimizerStep, count_tokens, precision_of, watch_comm
+from stepscope.train._span import (
+    OptimizerStep,
+    count_tokens,
+    in_phase,
+    precision_of,
+    watch_comm,
+)
 from stepscope.train.reporter import StepReporter
 
 
@@ -106,6 +116,8 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         self._stepped = False
         self._tap: _ProfilerTap | None = None
         self._comm: object = None
+        self._unwrap_save: Callable[[], None] | None = None
+        self._evaluating: Any = None  # the open evaluation span
 
     # -- Lightning hooks ------------------------------------------------------------
 
@@ -125,6 +137,8 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         self._span = OptimizerStep(self.reporter)
         self._tap = _ProfilerTap(trainer.profiler, self)
         trainer.profiler = self._tap
+        self._unwrap_save = in_phase(trainer, "save_checkpoint", "checkpoint",
+                                     lambda: self.reporter)  # fmt: skip
 
     @guarded
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
@@ -159,6 +173,20 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
             self._span.end(self._stepped)
 
     @guarded
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        """Validation between steps: an ``evaluation`` span (not the sanity check)."""
+        if self.reporter is not None and not trainer.sanity_checking:
+            self._evaluating = self.reporter.phase("evaluation")
+            self._evaluating.__enter__()
+
+    @guarded
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """The evaluation span ends (before ModelCheckpoint, always listed last, saves)."""
+        span, self._evaluating = self._evaluating, None
+        if span is not None:
+            span.__exit__(None, None, None)
+
+    @guarded
     def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
         """The open step failed: not reported, its time goes to the next step."""
         if self._span is not None:
@@ -172,6 +200,9 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
         if self._tap is not None and trainer.profiler is self._tap:
             trainer.profiler = self._tap._inner
         self._tap = None
+        if self._unwrap_save is not None:
+            self._unwrap_save()
+            self._unwrap_save = None
         if self.reporter is not None:
             self.reporter.close()
 
