@@ -1,0 +1,322 @@
+"""Time lost between steps and to host-to-device copies, on a GPU (issue 26, items 1-2).
+
+    python -m validation.gpu_lost_time --out DIR            # on a CUDA GPU (the H200)
+    python -m validation.gpu_lost_time --out DIR --cpu      # rehearsal, simulated GPU
+
+Each class is a small training loop made to lose its GPU one way, reporting every step
+through the SDK (``StepReporter``: CUDA event timing on a GPU) to a ``stepscope serve``
+started for the class (detached: the exporter must not be the training process's
+child). After the diagnosis window has filled, the rank's verdict is read from
+``/api/v1/diagnosis`` once a second for ``--seconds``; the counts make the table.
+
+- ``compute``: bf16 matmuls of 8192 x 8192, nothing else: the healthy baseline,
+  expected ``compute`` with no ``between_steps`` share to speak of.
+- ``checkpoint_named``: the same steps (fewer matmuls) and every ``--every`` steps a
+  synchronous ``torch.save`` of ``--checkpoint-mb`` MB of GPU tensors, fsynced, inside
+  ``reporter.phase("checkpoint")``: expected ``between_steps`` + ``checkpoint``.
+- ``checkpoint_unnamed``: the same save without ``phase()``: ``between_steps``, no
+  modifier (it read ``unknown`` before issue 26).
+- ``pageable_copy``: each step copies a ``--batch-mb`` MB batch from pageable host
+  memory (``.to("cuda")``, blocking) and runs one bf16 matmul: PCIe receive busy, SMs
+  idle; expected ``transfer_bound`` (it read ``host_bound``, advice CUDA graphs).
+- ``resident``: the fix, the same batch kept on the GPU: expected ``compute``.
+
+``--cpu`` runs the loops on the CPU against an exporter with one simulated H200 whose
+scenario plays what the GPU would show (``pageable_copy``: ``wait: copy``, PCIe receive
+6.9 GB/s in the gaps): the host side (the SDK's timing and spans, the process's CPU) is
+real, the GPU side scripted. Writes ``lost_time.md``, ``lost_time.json`` and each
+class's exporter log to ``--out`` (default ``$OUT``). About 30 s a class; ``--budget``
+(default 290 s) skips the classes that would start after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks._local import free_port, get, pid_alive, start_detached_exporter, stop_pid
+from tests.support import REPO
+
+# class -> (expected kind, expected modifier or None)
+EXPECTED: dict[str, tuple[str, str | None]] = {
+    "compute": ("compute", None),
+    "checkpoint_named": ("between_steps", "checkpoint"),
+    "checkpoint_unnamed": ("between_steps", None),
+    "pageable_copy": ("transfer_bound", None),
+    "resident": ("compute", None),
+}
+# --cpu: what the simulated GPU shows for each class (docs/scenarios.md)
+CPU_SCENARIOS: dict[str, dict[str, Any]] = {
+    "compute": {},
+    "checkpoint_named": {},
+    "checkpoint_unnamed": {},
+    "pageable_copy": {"activity": "sawtooth", "period": 0.01, "duty": 0.1, "level": 0.9,
+                      "wait": "copy"},
+    "resident": {},
+}
+WINDOW = 10.0  # diagnosis window (s): holds several checkpoints at the default --every
+SIGNALS = ("sm_active", "gpu_util", "pcie_rx_bytes_per_second", "main_cpu_cores",
+           "compute_share", "between_steps_share", "step_seconds")  # fmt: skip
+
+
+Step = Callable[[int], None]
+
+
+def _nothing(i: int) -> None:
+    pass
+
+
+def _loop(name: str, device: str, a: argparse.Namespace, tmp: Path,
+          phase: Callable[[str], Any]) -> tuple[Step, Step]:  # fmt: skip
+    """The class's training step and what the loop does after it (both given the step's
+    number); the reporter's spans used there."""
+    import contextlib
+
+    import torch
+
+    cuda = device == "cuda"
+    n = 8192 if cuda else 512
+    w = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    if name == "compute":
+
+        def matmuls(i: int) -> None:
+            for _ in range(4):
+                w @ w
+
+        return matmuls, _nothing
+    if name.startswith("checkpoint"):
+        elems = a.checkpoint_mb * (1 << 20) // 2
+        state = {"weights": torch.randn(elems, device=device, dtype=torch.bfloat16)}
+        path = tmp / "checkpoint.pt"
+        named = name == "checkpoint_named"
+
+        def matmuls2(i: int) -> None:
+            for _ in range(2):
+                w @ w
+
+        def save_every(i: int) -> None:
+            if i % a.every == a.every - 1:
+                if cuda:
+                    torch.cuda.synchronize()  # the step's work is done: the save blocks
+                span = phase("checkpoint") if named else contextlib.nullcontext()
+                with span, open(path, "wb") as f:
+                    torch.save(state, f)  # device to host, then to disk
+                    f.flush()
+                    os.fsync(f.fileno())
+
+        return matmuls2, save_every
+    rows = a.batch_mb * (1 << 20) // 4 // n
+    host = torch.randn(rows, n)  # pageable host memory
+    resident = host.to(device)
+
+    # on the CPU a copy of the same bytes (.to("cpu") would copy nothing)
+    copy: Callable[[], Any] = (lambda: host.to(device)) if cuda else host.clone
+
+    def step(i: int) -> None:
+        x = copy() if name == "pageable_copy" else resident
+        (x[:n].to(torch.bfloat16) @ w).sum()
+
+    return step, _nothing
+
+
+def run_class(name: str, device: str, a: argparse.Namespace, tmp: Path,
+              env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    """Start an exporter for the class, run its loop, poll its verdict; the row."""
+    import torch
+
+    from stepscope.train import StepReporter
+
+    port = free_port()
+    ingest = f"unix://{tmp}/{name}.sock"
+    cfg = tmp / f"{name}.yaml"
+    lines = ["interval: 1", "slow_interval: 2", f"ingest: {ingest}",
+             f"diagnosis: {{window: {WINDOW}}}"]  # fmt: skip
+    if device == "cpu":
+        scenario = tmp / f"{name}-gpu.yaml"
+        scenario.write_text(json.dumps({"gpus": 1, "model": "NVIDIA H200",
+                                        "workload": CPU_SCENARIOS[name]}))  # fmt: skip
+        lines.append(f"scenario: {scenario}")
+    cfg.write_text("\n".join(lines) + "\n")
+    log = a.out / f"exporter-{name}.log"
+    pid = start_detached_exporter(["--listen", f"127.0.0.1:{port}", "--config", str(cfg)],
+                                  log, env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                doc = json.loads(get(f"http://127.0.0.1:{port}/api/v1/diagnosis"))
+                if doc.get("verdicts"):
+                    break
+            except OSError:
+                pass
+            if not pid_alive(pid) or time.monotonic() > deadline:
+                return {"class": name, "error": "exporter did not start",
+                        "log": log.read_text()[-2000:]}  # fmt: skip
+            time.sleep(0.2)
+        if device == "cuda":
+            from stepscope.train._env import cuda_device_uuid
+
+            uuid = cuda_device_uuid(torch, 0) or ""
+        else:
+            uuid = next(v["subject"]["uuid"] for v in doc["verdicts"]
+                        if v["subject"]["gpu"] == 0)  # fmt: skip
+        rep = StepReporter(name, ingest=ingest, gpu_uuid=uuid, warmup_steps=3)
+        step, between = _loop(name, device, a, tmp, rep.phase)
+        stop = threading.Event()
+        polls: list[dict[str, Any]] = []
+
+        def poll() -> None:
+            time.sleep(WINDOW + 3)  # the window fills with this class's steps first
+            while not stop.wait(1.0):
+                try:
+                    doc = json.loads(get(f"http://127.0.0.1:{port}/api/v1/diagnosis"))
+                except OSError:
+                    continue
+                v = next((v for v in doc["verdicts"] if v["subject"]["job"] == name), None)
+                if v is not None:
+                    polls.append(v)
+                if len(polls) >= a.seconds:
+                    stop.set()
+
+        poller = threading.Thread(target=poll, daemon=True)
+        t0 = time.perf_counter()
+        steps = 0
+        poller.start()
+        while not stop.is_set() and time.perf_counter() - t0 < a.seconds + WINDOW + 30:
+            with rep.step():
+                step(steps)
+            between(steps)  # a checkpoint, between this step and the next
+            steps += 1
+        if device == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        stop.set()
+        poller.join(timeout=5)
+        rep.close()
+        del step, between
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    finally:
+        stop_pid(pid)
+    kind, modifier = EXPECTED[name]
+    right = sum(1 for v in polls if v["kind"] == kind
+                and (modifier is None or modifier in v["modifiers"])
+                and (modifier is not None or kind != "between_steps" or not v["modifiers"]))
+    last = polls[-1] if polls else {}
+    sig = last.get("signals", {})
+    return {
+        "class": name, "expected": kind + (f"+{modifier}" if modifier else ""),
+        "polls": len(polls), "right": right,
+        "counts": dict(Counter(v["kind"] for v in polls)),
+        "verdicts": dict(Counter(v["kind"] + "".join(f"+{m}" for m in v["modifiers"])
+                                 for v in polls)),
+        "steps_per_s": steps / elapsed if elapsed else 0.0,
+        "signals": {k: sig.get(k) for k in SIGNALS},
+        "advice": last.get("advice", ""), "evidence": last.get("evidence", []),
+    }  # fmt: skip
+
+
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def render(rows: list[dict[str, Any]], device_name: str) -> str:
+    """The table: rows are classes, columns the verdict kinds seen and the signals."""
+    from stepscope.diagnose.model import KINDS
+
+    seen = [k for k in KINDS if any(k in r.get("counts", {}) for r in rows)]
+    out = [f"# Time lost between steps and to copies on {device_name}", "",
+           "Polls of the rank's verdict, one a second after the diagnosis window "
+           f"({WINDOW:g} s) filled. **right**: the expected kind with its modifier.", "",
+           "| class | expected | " + " | ".join(seen) + " | right | steps/s | SM | "
+           "PCIe RX GB/s | between steps | main CPU |",
+           "|---|---|" + "---|" * (len(seen) + 6)]  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['class']} | {r.get('expected', '')} | error: {r['error']} |")
+            continue
+        s = r["signals"]
+        rx, main = s.get("pcie_rx_bytes_per_second"), s.get("main_cpu_cores")
+        out.append(
+            f"| {r['class']} | `{r['expected']}` | "
+            + " | ".join(str(r["counts"].get(k, "")) for k in seen)
+            + f" | **{r['right']}/{r['polls']}** | {r['steps_per_s']:.1f} | "
+            f"{_pct(s.get('sm_active'))} | {'-' if rx is None else f'{rx / 1e9:.2f}'} | "
+            f"{_pct(s.get('between_steps_share'))} | "
+            f"{'-' if main is None else f'{main:.2f}'} |"
+        )
+    out += ["", "Verdicts with modifiers, advice and evidence (last poll):", ""]
+    for r in rows:
+        if "error" not in r:
+            out.append(f"- **{r['class']}**: {r['verdicts']}; advice: {r['advice']}")
+            out += [f"  - {e}" for e in r["evidence"]]
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    ap.add_argument("--cpu", action="store_true", help="rehearse on the CPU, simulated GPU")
+    ap.add_argument("--seconds", type=float, default=12.0, help="verdict polls per class")
+    ap.add_argument("--classes", nargs="*", default=list(EXPECTED), choices=list(EXPECTED))
+    ap.add_argument("--every", type=int, default=5, help="steps between checkpoints")
+    ap.add_argument("--checkpoint-mb", type=int, default=None,
+                    help="MB saved per checkpoint (default 4096 on a GPU, 128 on the CPU)")
+    ap.add_argument("--batch-mb", type=int, default=None,
+                    help="MB copied per step, pageable_copy (default 512 on a GPU, 32 CPU)")
+    ap.add_argument("--budget", type=float, default=290.0,
+                    help="seconds after which no further class starts")
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    import torch
+
+    if a.cpu:
+        device, device_name = "cpu", "CPU (simulated H200 for the GPU side)"
+    elif torch.cuda.is_available():
+        device, device_name = "cuda", torch.cuda.get_device_name(0)
+        torch.cuda.init()
+        torch.cuda.set_device(0)
+    else:
+        print("gpu_lost_time: CUDA not available (use --cpu to rehearse)", file=sys.stderr)
+        return 2
+    cuda = device == "cuda"
+    a.checkpoint_mb = a.checkpoint_mb or (4096 if cuda else 128)
+    a.batch_mb = a.batch_mb or (512 if cuda else 32)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter"), "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    rows: list[dict[str, Any]] = []
+    text = render(rows, device_name)
+    with tempfile.TemporaryDirectory(prefix="stepscope-lost-") as tmp:
+        for name in a.classes:
+            if time.monotonic() - started > a.budget:
+                rows.append({"class": name, "expected": "", "error": "skipped: over --budget"})
+                continue
+            try:
+                row = run_class(name, device, a, Path(tmp), env)
+            except Exception as exc:  # one broken class must not lose the others
+                row = {"class": name, "expected": "", "error": repr(exc)}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("evidence", "log")}),
+                  flush=True)  # fmt: skip
+            text = render(rows, device_name)  # written after every class
+            (a.out / "lost_time.md").write_text(text)
+            (a.out / "lost_time.json").write_text(json.dumps(
+                {"device": device_name, "window": WINDOW, "every": a.every,
+                 "checkpoint_mb": a.checkpoint_mb, "batch_mb": a.batch_mb, "rows": rows},
+                indent=2))  # fmt: skip
+    print(text)
+    print(f"total {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
