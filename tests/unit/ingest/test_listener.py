@@ -180,7 +180,10 @@ def test_udp_receive_buffer_drops_are_counted(running: list[Running]) -> None:
         pytest.skip("this kernel does not count socket drops (SO_MEMINFO, Linux >= 4.15)")
     data = json.dumps(step("burst", 0, 0, time.time(), None)).encode()
     sent = 2000
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+    # Nobody draining: the receiving thread stops at its first batch, waiting for the
+    # aggregator, while the burst overflows the 16 KiB buffer. (Without holding it, a
+    # sender slowed by a busy machine let the thread keep up: no drop, a failed test.)
+    with r.aggregator._lock, socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
         for _ in range(sent):
             sender.sendto(data, ("127.0.0.1", port))
     view = r.pump_until(lambda v: v.accepted + (v.kernel_dropped or 0) == sent)
