@@ -22,7 +22,7 @@ from stepscope.core.snapshot import Snapshot
 from stepscope.diagnose.advice import advice_for
 from stepscope.diagnose.faults import Fault, HeldXid, gpu_faults, noted_xids
 from stepscope.diagnose.finished import FinishedRank
-from stepscope.diagnose.lost_time import between_steps_verdict, transfer_bound_why
+from stepscope.diagnose.lost_time import between_steps_verdict, stalls, transfer_bound_why
 from stepscope.diagnose.model import Diagnosis, Subject, Verdict
 from stepscope.diagnose.thresholds import Thresholds
 from stepscope.diagnose.window import RankWindow, SnapshotWindow
@@ -592,12 +592,15 @@ def rank_verdict(
                 "small kernels or host-bound launches"
             )
         return verdict("compute", mods, why)
+    once = ""
     if other >= th.between_steps_share:
-        return between_steps_verdict(rw.dur, rw.steps, other, rw.spans, th, verdict)
+        if stalls(rw.series["other"], th) >= th.between_steps_stalls:
+            return between_steps_verdict(rw.dur, rw.steps, other, rw.spans, th, verdict)
+        once = "; all in one gap of the window (a save or evaluation now and then)"
     return verdict(
         "unknown",
         why=[f"most of the step ({_pct(other)}) is outside the timed loader and step body: "
-             "logging, evaluation, checkpoints, or an untimed loader"],
+             f"logging, evaluation, checkpoints, or an untimed loader{once}"],
     )  # fmt: skip
 
 

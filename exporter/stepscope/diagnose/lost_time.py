@@ -35,6 +35,12 @@ def _pct(v: float) -> str:
     return f"{100 * v:.0f}%"
 
 
+def stalls(other_shares: Sequence[float | None], th: Thresholds) -> int:
+    """Sampling intervals of the window whose steps spent ``between_steps_share`` or more
+    of their time between steps: one is a single long gap (a save now and then)."""
+    return sum(1 for s in other_shares if s is not None and s >= th.between_steps_share)
+
+
 def between_steps_verdict(
     dur: float, steps: int, other: float, spans: tuple[float, ...] | None,
     th: Thresholds, verdict: MakeVerdict,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepscope.core.yamltext import mapping_text
+from stepscope.diagnose.fleet_rules import FLEET
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class Thresholds:
     min_steps: int = 3  # measured steps in the window before a rank gets a verdict
     input_share: float = 0.25  # data_wait share of step time: input is the bottleneck
     comm_share: float = 0.25  # exposed comm share of step time: communication
-    sm_active_busy: float = 0.5  # a GPU without a rank at/above this SM active computes
+    # a GPU without a rank at/above this SM active computes (the fleet's number: the node
+    # straggler alert counts a median node above it as working)
+    sm_active_busy: float = FLEET.sm_active_busy
     idle_gpu_util: float = 5.0  # percent: a GPU below this (and idle SMs) is idle
     idle_sm_active: float = 0.05
     cpu_saturated: float = 0.85  # all-CPU busy share: no headroom for more workers
@@ -35,7 +38,9 @@ class Thresholds:
     fp32_active: float = 0.3  # FP32 pipe at/above this ...
     tensor_idle: float = 0.05  # ... with tensor pipes below this: fp32_no_tensor
     low_occupancy: float = 0.3  # SM occupancy below this while the SMs are busy
-    throttle_share: float = 0.2  # share of the window under thermal / power clock events
+    # share of the window under thermal / power clock events: what the fleet's thermal and
+    # power-cap alerts call throttled, over their own windows
+    throttle_share: float = FLEET.throttle_share
     peer_excess: float = 0.5  # a peer computes longer by this share of our comm: waiting
     rdma_flat_bytes_per_second: float = 1e6  # RDMA traffic below this counts as flat
     # host_bound: the step body dominates while the SMs idle (below this) ...
@@ -50,10 +55,14 @@ class Thresholds:
     # between_steps: step time outside the timed loader and body at/above this share,
     # and above the body's ...
     between_steps_share: float = 0.3
+    # ... in at least this many of the window's sampling intervals (one interval: a
+    # single save or evaluation now and then, not a habit the window can judge) ...
+    between_steps_stalls: int = 2
     # ... naming a span (checkpoint, evaluation, logging) at/above this share of step time
     span_share: float = 0.1
     dram_busy: float = 0.45  # DRAM active at/above this with tensor pipes idle: memory_bound
-    pcie_replays_per_minute: float = 8.0  # PCIe replays: a storm (DCGM's health limit)
+    # PCIe replays: a storm (DCGM's health limit; the fleet's StepscopeGpuPcieReplayStorm)
+    pcie_replays_per_minute: float = FLEET.pcie_replays_per_minute
     fault_hold: float = 600.0  # seconds a critical XID keeps the fault verdict (no reset seen)
     finished_linger: float = 60.0  # seconds a finished rank reads `finished` before it drops
 
@@ -61,6 +70,7 @@ class Thresholds:
 _RANGES: dict[str, tuple[float, float]] = {
     "window": (2.0, 3600.0),
     "min_steps": (1, 100000),
+    "between_steps_stalls": (1, 100000),
     "idle_gpu_util": (0.0, 100.0),
     "peer_excess": (0.0, 100.0),
     "rdma_flat_bytes_per_second": (0.0, 1e12),
@@ -73,6 +83,9 @@ _RANGES: dict[str, tuple[float, float]] = {
     "fault_hold": (600.0, 604800.0),
     "finished_linger": (0.0, 3600.0),
 }
+
+
+_INTEGERS = frozenset({"min_steps", "between_steps_stalls"})
 
 
 def parse_thresholds(value: Any) -> Thresholds:
@@ -102,5 +115,5 @@ def parse_thresholds(value: Any) -> Thresholds:
         lo, hi = _RANGES.get(name, (0.0, 1.0))
         if not (math.isfinite(number) and lo <= number <= hi):
             raise ValueError(f"{name}: must be between {lo:g} and {hi:g}, got {raw!r}")
-        out[name] = int(number) if name == "min_steps" else number
+        out[name] = int(number) if name in _INTEGERS else number
     return Thresholds(**out)

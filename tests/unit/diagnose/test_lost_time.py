@@ -117,3 +117,18 @@ def test_a_copy_beside_a_busy_gpu_is_compute() -> None:
     node.host.reading = _host(1.0)
     v = by_rank(node.run(20, lambda: node.step(0, 0.5, gpu=0)))[0]
     assert v.kind == "compute"
+
+
+def test_one_long_save_in_the_window_is_not_a_habit_and_reads_unknown() -> None:
+    # a healthy rank (0.5 s steps) that saved for 20 s once: the window after it holds
+    # one gap, which reads unknown (as before), not a between_steps bottleneck
+    node = Node({"gpus": 1}, window=30)
+    node.host.reading = _host(0.5)
+    node.run(40, lambda: node.step(0, 0.5, gpu=0))
+    node.run(20)  # the save: no step for 20 s
+    node.step(0, 20.5, other=20.0, gpu=0, spans=(20.0, 0.0, 0.0, 0.0))
+    v = by_rank(node.run(2, lambda: node.step(0, 0.5, gpu=0)))[0]
+    assert v.kind == "unknown" and not v.bottleneck, v.evidence
+    assert any("all in one gap of the window" in e for e in v.evidence)
+    diag = node.run(30, lambda: node.step(0, 0.5, gpu=0))  # the gap leaves the window
+    assert by_rank(diag)[0].kind == "compute"
