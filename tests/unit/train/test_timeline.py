@@ -167,3 +167,19 @@ def test_an_integrations_own_events_never_join_the_pool() -> None:
     theirs = TheirEvent(gpu)
     tl.recycle(theirs)
     assert theirs not in tl.free
+
+
+def test_a_steps_named_spans_ride_with_it_until_its_events_are_read() -> None:
+    # a checkpoint of 1 s between steps 0 and 1: the GPU idles 1000 ms, the step's gap
+    gpu = Gpu()
+    tl = CudaTimeline(gpu.event)
+    step(tl, gpu, 0, 0.0, 40.0)
+    gpu.now = 1040.0
+    start = tl.mark()
+    gpu.now = 1080.0
+    assert tl.queue(1, False, 10, 1e9, 0.0, 1.0, start, [], (("checkpoint", 0.998),))
+    gpu.done_until = 1080.0
+    s0, s1 = tl.resolve(False)
+    assert s0 is not None and s1 is not None
+    assert s0[9] == () and s1[9] == (("checkpoint", 0.998),)
+    assert s1[3] == pytest.approx(1.040)  # dur: the 1 s gap on the GPU clock, + 40 ms
