@@ -118,6 +118,8 @@ ALERTS: dict[str, dict[str, str]] = {
                          "peer_group": "llm"},
     "stalled_a": {"alertname": "StepscopeTrainingStalled", **_target("a"), **_node("a"),
                   "training_job": "llm", "rank": "3", "gpu": "3"},
+    "collector_errors_a": {"alertname": "StepscopeCollectorErrors", **_target("a"),
+                           **_node("a"), "collector": "gpu"},
     "low_mfu": {"alertname": "StepscopeLowMfu", "cluster": "prod-east", "training_job": "llm"},
     "exporter_down_c": {"alertname": "StepscopeExporterDown", **_target("c")},
     "bottleneck_c": {"alertname": "StepscopeBottleneck", **_target("c"), **_node("c"),
@@ -167,7 +169,8 @@ def _states(am: Server) -> dict[str, str]:
 
 def test_a_cause_silences_its_symptoms_on_the_same_node_or_gpu_only(am: Server) -> None:
     expected = {
-        "node_straggler_a", "stalled_a", "low_mfu",  # GPU down on node a (and its job)
+        # GPU down on node a: its node's symptoms, its gpu source's errors, its job's MFU
+        "node_straggler_a", "stalled_a", "collector_errors_a", "low_mfu",
         "bottleneck_c",  # node c's exporter down: its target's verdict alerts
         "thermal_d5",  # critical XID on d/5: that GPU's warnings, not d/6's
     }
