@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from generate import (
+    agents,
     chart_copies,
     chart_package,
     dashboards,
@@ -57,7 +58,9 @@ STEPS: tuple[Callable[[Path], list[str]], ...] = (
     field_table.write,
     dashboards.write,
     rules.write,
-    # copies the two above into the chart, so after them
+    # the agents' keep list reads the two above; their scrape configs prometheus-*.yml
+    agents.write,
+    # copies the dashboards and rules into the chart, so after them
     _chart_copies,
     # renders the chart with its copies, so last
     manifests.write,

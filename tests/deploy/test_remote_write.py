@@ -1,6 +1,7 @@
-"""The scale-out configurations: Prometheus agents per cluster (deploy/prometheus/agent-*.yml)
-that scrape as the single-Prometheus configs do and remote-write only what is read, and
-the shipped rule files as a central ruler loads them (Prometheus, vmalert, Mimir/AMP)."""
+"""The scale-out configurations: Prometheus agents per cluster (deploy/prometheus/agent-*.yml,
+generate/agents.py) that scrape as the single-Prometheus configs do and remote-write only
+what is read, and the shipped rule files as a central ruler loads them (Prometheus,
+vmalert, Mimir/AMP)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support import REPO, promtool
-from tests.support.promql import (
-    RULES,
+from generate.agents import (
     dashboard_exprs,
     expression_names,
     fleet_cli_names,
@@ -22,9 +21,12 @@ from tests.support.promql import (
     recorded_names,
     rule_exprs,
 )
+from tests.support import REPO, promtool
 from tests.support.tools import require_tool
 
 PROM = REPO / "deploy" / "prometheus"
+RULES = PROM / "rules"
+DASHBOARDS = REPO / "dashboards" / "json"
 AGENTS = {"agent-kubernetes.yml": "prometheus-kubernetes.yml",
           "agent-ec2.yml": "prometheus-ec2.yml"}
 METRICS_DOC = (REPO / "docs" / "metrics.md").read_text()
@@ -86,7 +88,7 @@ def test_both_agents_remote_write_the_same_way() -> None:
 
 def test_every_name_a_rule_reads_is_remote_written() -> None:
     keep = keep_regex()
-    read = names_read(rule_exprs(), recorded_names())
+    read = names_read(rule_exprs(RULES), recorded_names(RULES))
     assert {"up", "stepscope_gpu_up", "DCGM_FI_PROF_SM_ACTIVE",
             "stepscope_step_duration_seconds_sum"} <= read  # the tokenizer finds names
     dropped = sorted(n for n in read if not n.startswith("re:") and not keep.match(n))
@@ -95,7 +97,7 @@ def test_every_name_a_rule_reads_is_remote_written() -> None:
 
 def test_every_name_a_dashboard_or_the_fleet_diagnosis_reads_is_remote_written() -> None:
     keep = keep_regex()
-    read = names_read(dashboard_exprs(), recorded_names()) | fleet_cli_names()
+    read = names_read(dashboard_exprs(DASHBOARDS), recorded_names(RULES)) | fleet_cli_names()
     assert {"DCGM_FI_DEV_GPU_TEMP", "stepscope_node_info"} <= read
     dropped = sorted(n for n in read if not n.startswith("re:") and not keep.match(n))
     assert dropped == [], f"dashboards or `stepscope diagnose --prometheus` read: {dropped}"
@@ -105,7 +107,7 @@ def test_name_patterns_the_rules_select_are_remote_written() -> None:
     """`{__name__=~"stepscope_rdma_.+"}` (StepscopeNcclSocketTransport): every documented
     family it matches is kept."""
     keep = keep_regex()
-    patterns = {n[3:] for n in names_read(rule_exprs(), set()) if n.startswith("re:")}
+    patterns = {n[3:] for n in names_read(rule_exprs(RULES), set()) if n.startswith("re:")}
     assert patterns
     for pattern in patterns:
         families = set(re.findall(rf"`({pattern})`", METRICS_DOC))
@@ -116,8 +118,9 @@ def test_name_patterns_the_rules_select_are_remote_written() -> None:
 def test_names_read_are_families_the_exporter_serves() -> None:
     """The tokenizer's answer is real names: each is documented in docs/metrics.md (or is
     Prometheus' `up`), so a keep list made from it keeps no phantom and misses no typo."""
-    read = (names_read(rule_exprs(), recorded_names())
-            | names_read(dashboard_exprs(), recorded_names()) | fleet_cli_names())  # fmt: skip
+    recorded = recorded_names(RULES)
+    read = (names_read(rule_exprs(RULES), recorded)
+            | names_read(dashboard_exprs(DASHBOARDS), recorded) | fleet_cli_names())  # fmt: skip
     unknown = sorted(n for n in read if not n.startswith("re:") and n != "up"
                      and not _documented(n))  # fmt: skip
     assert unknown == []
