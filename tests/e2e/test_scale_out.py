@@ -11,8 +11,9 @@ node-3 runs slow (SM activity 0.4 against the others' 0.95: a straggler), node-4
 is held down for temperature from the start, and node-5 dies 20 s in: its GPU 1 reports
 XID 79 and falls off the bus, its GPU 0 (the rank waiting on the lost peer) drops to 0.3.
 Every `for:` is 5 s in the test copies of the rules, Alertmanager's group_wait and
-group_interval 5 s. Wall time: about 60-90 s on a 2-core machine, most of it the
-scenario's 20 s and the rule chains (recording rules feeding alerts) filling.
+group_interval 5 s. Wall time: about 70 s on a 2-core machine (60-90 s), most of it the
+scenario's 20 s, vmalert's rule chain over new series, and two 12 s watches for a
+second notification group.
 """
 
 from __future__ import annotations
@@ -247,3 +248,37 @@ def test_a_dying_node_pages_once_with_its_cause_not_once_per_symptom(
     assert {b["receiver"] for b in bodies} == {"hardware-queue"}  # critical, cluster not prod-*
     sent = {a["labels"]["alertname"] for b in bodies for a in b["alerts"]}
     assert sent == {"StepscopeGpuDown", "StepscopeGpuXidDrain"}, sent
+
+
+def test_a_node_whose_exporter_dies_pages_once_for_its_target(scale_out: ScaleOut) -> None:
+    """node-3 (a straggler, already notified to the chat) loses its exporter: its series go
+    stale, so its straggler alert resolves instead of paging again, and the one new
+    notification group is StepscopeExporterDown's, for that target. (Last in the module:
+    the fleet is one node short afterwards.)"""
+    wait_for(lambda: _node_groups(scale_out.webhook, SLOW), timeout=60, interval=0.5)
+    before = {b["groupKey"] for _, b in scale_out.webhook.notifications()}
+    address = scale_out.exporters[SLOW].address
+    kill_all([scale_out.exporters[SLOW]])
+
+    def new_groups() -> dict[str, list[dict[str, Any]]]:
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for _, body in scale_out.webhook.notifications():
+            if body["groupKey"] not in before:
+                groups.setdefault(body["groupKey"], []).append(body)
+        return groups
+
+    def straggler_resolved_and_exporter_down() -> bool:
+        resolved = any(a["status"] == "resolved" for bodies in _node_groups(
+            scale_out.webhook, SLOW).values() for b in bodies for a in b["alerts"])  # fmt: skip
+        return resolved and bool(new_groups())
+
+    wait_for(straggler_resolved_and_exporter_down, timeout=60, interval=0.5)
+    ((_, bodies),) = new_groups().items()
+    assert all(b["groupLabels"] == {"cluster": "e2e", "instance": address} for b in bodies)
+    assert {a["labels"]["alertname"] for b in bodies for a in b["alerts"]} == {
+        "StepscopeExporterDown"}
+    # the node's own group only says its straggler is over
+    late = [a for bodies in _node_groups(scale_out.webhook, SLOW).values() for b in bodies
+            for a in b["alerts"] if a["status"] == "firing" and a["labels"]["alertname"]
+            != "StepscopeNodeStraggler"]  # fmt: skip
+    assert late == []
