@@ -1,7 +1,8 @@
 """Onset to verdict, onset to alert: one node of a fleet turns slow; how long until we say so.
 
     python -m benchmarks.bench_fleet_onset [--nodes 8] [--scrape 15s] [--slow-at 150]
-                                           [--for-as-shipped | --for 5s] [--timeout 900]
+                                           [--for 5s] [--rules DIR] [--timeout 900]
+                                           [--cause thermal|starved]
 
 The fleet of tests/support/fleet.py on this machine: ``--nodes`` exporters (simulated
 H100, 1 s sampling, the default 30 s diagnosis window), a real Prometheus scraping them
@@ -12,10 +13,15 @@ temperature and its rank computes 0.45 s per step instead of 0.30 s; every other
 then waits for it in the all-reduce. From that onset it measures, polling every 2-5 s:
 
 - the slow node's own verdict (its ``/api/v1/diagnosis``) reading ``thermal_throttle``;
-- ``stepscope diagnose --prometheus`` naming the slow node, rank and the thermal cause,
-  with a 1-minute and with the default 5-minute window;
+- ``stepscope diagnose --prometheus`` naming the slow node, rank and the thermal cause
+  (it reads the recorded series, so only with the shipped rules);
 - each shipped alert about it firing: ``StepscopeRankStraggler``,
-  ``StepscopeGpuThermalViolation``.
+  ``StepscopeNodeStraggler``, ``StepscopeGpuThermalViolation``.
+
+``--rules DIR`` loads another folder of rule files (e.g. an earlier release's, to compare).
+``--cause starved``: the slow node's GPU instead idles 70% of each second waiting for data
+(its SM activity falls far below its peers'): the onset ``StepscopeNodeStraggler`` is
+for; the fleet view then has to name the rank, without a thermal cause.
 
 Prints a markdown table (and writes it, with JSON, to ``--out`` when given).
 """
@@ -30,16 +36,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.fleet import fleet, fleet_report
+from tests.support.fleet import CAUSES, RULES, fleet, fleet_report
 
-ALERTS = ("StepscopeRankStraggler", "StepscopeGpuThermalViolation")
+ALERTS = ("StepscopeRankStraggler", "StepscopeNodeStraggler", "StepscopeGpuThermalViolation")
+FLEET_VIEW = "fleet view (stepscope diagnose --prometheus)"
 
 
-def right(report: dict[str, Any], slow: str, rank: str) -> bool:
-    """The fleet view names the slow node and rank, with the thermal cause."""
+def right(report: dict[str, Any], slow: str, rank: str, thermal: bool) -> bool:
+    """The fleet view names the slow node and rank (with the thermal cause if ``thermal``)."""
     found = [s for job in report.get("jobs", []) for s in job["slow_ranks"]]
     return [(s["Hostname"], s["rank"]) for s in found] == [(slow, rank)] and (
-        "thermal_throttle" in found[0]["cause"])
+        not thermal or "thermal_throttle" in found[0]["cause"])
 
 
 def main() -> int:
@@ -51,29 +58,33 @@ def main() -> int:
                     help="set every alert's for: to this (default: as shipped)")
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--rules", type=Path, default=RULES,
+                    help="folder of rule files to load (default: the shipped rules)")
+    ap.add_argument("--cause", choices=sorted(CAUSES), default="thermal",
+                    help="what slows the node (default thermal)")
     args = ap.parse_args()
     rank = str(args.nodes - 1)
     with tempfile.TemporaryDirectory(prefix="stepscope-onset-") as tmp, fleet(
         Path(tmp), nodes=args.nodes, slow_at=args.slow_at, window=30.0, scrape=args.scrape,
-        for_=args.for_,
+        for_=args.for_, rules=args.rules, cause=args.cause,
     ) as f:
         onset = f.onset(timeout=args.slow_at + 120)
         print(f"onset at {time.strftime('%H:%M:%S', time.localtime(onset))}; polling",
               file=sys.stderr)  # fmt: skip
         seen: dict[str, float] = {}
-        wanted = ["local verdict", "fleet view (1m)", "fleet view (5m)", *ALERTS]
+        thermal = args.cause == "thermal"
+        alerts = ALERTS if thermal else ALERTS[:2]
+        wanted = ["local verdict", FLEET_VIEW, *alerts] if thermal else [FLEET_VIEW, *alerts]
         deadline = onset + args.timeout
         while time.time() < deadline and len(seen) < len(wanted):
             now = time.time()
-            if "local verdict" not in seen:
+            if thermal and "local verdict" not in seen:
                 doc = json.loads(f.exporters[-1].get("/api/v1/diagnosis")[2])
                 if any("thermal_throttle" in v["modifiers"] for v in doc["verdicts"]):
                     seen["local verdict"] = now - onset
-            for window in ("1m", "5m"):
-                name = f"fleet view ({window})"
-                if name not in seen and right(fleet_report(f.prom.url, window), f.slow, rank):
-                    seen[name] = now - onset
-            for alert in ALERTS:
+            if FLEET_VIEW not in seen and right(fleet_report(f.prom.url), f.slow, rank, thermal):
+                seen[FLEET_VIEW] = now - onset
+            for alert in alerts:
                 if alert not in seen and any(a.get("Hostname") == f.slow
                                              for a in f.prom.firing(alert)):  # fmt: skip
                     seen[alert] = now - onset
@@ -81,7 +92,8 @@ def main() -> int:
             time.sleep(max(0.0, 2.0 - (time.time() - now)))
     for_ = f"for: {args.for_}" if args.for_ else "for: as shipped"
     lines = [
-        f"# Onset to verdict and alert: {args.nodes} nodes, scrape {args.scrape}, {for_}",
+        f"# Onset to verdict and alert: {args.nodes} nodes, scrape {args.scrape}, {for_}, "
+        f"rules {args.rules}, cause {args.cause}",
         "",
         "| signal | seconds after onset |",
         "|---|---|",

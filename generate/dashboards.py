@@ -24,6 +24,14 @@ from typing import Any
 from generate.constants import DASHBOARDS_DIR, REPO
 from generate.files import sync
 from stepscope.core.labels import with_host_label
+from stepscope.diagnose.fleet_rules import FLEET
+
+# The alerts' thresholds, drawn as the panels' threshold lines (one source:
+# stepscope.diagnose.fleet_rules, which the rules are rendered from too)
+THROTTLED = f"{FLEET.throttle_share:g}"
+STRAGGLER = FLEET.rank_straggler_ratio
+STRAGGLER_ALERTS = (f"Above {STRAGGLER:g} for {FLEET.rank_straggler_for} alerts "
+                    "(StepscopeRankStraggler).")
 
 # host label -> the folder its dashboards are written to
 OUT_DIRS = {"Hostname": DASHBOARDS_DIR / "json", "hostname": DASHBOARDS_DIR / "json-hostname"}
@@ -306,9 +314,10 @@ def fleet() -> Json:
                                           instant=True),), w=4, h=4,
               thresholds=(("red", 1),), description="GPUs that stopped answering NVML."),
         Panel("Nodes throttling (thermal)", "stat", (Query(
-            f"count(Hostname:DCGM_FI_DEV_THERMAL_VIOLATION:max_ratio_rate2m{{{HOST}}} > 0.1)"
-            " or vector(0)", instant=True),), w=4, h=4, thresholds=(("orange", 1),),
-              description="Nodes with a GPU held down for temperature over 10% of the time."),
+            f"count(Hostname:DCGM_FI_DEV_THERMAL_VIOLATION:max_ratio_rate2m{{{HOST}}}"
+            f" > {THROTTLED}) or vector(0)", instant=True),), w=4, h=4, thresholds=(("orange", 1),),
+              description="Nodes with a GPU held down for temperature over "
+              f"{FLEET.throttle_share:.0%} of the time."),
         Panel("XIDs", "stat", (Query(
             f"sum(Hostname:stepscope_xid_errors_total:sum{{{HOST}}}) or vector(0)",
             instant=True),), w=4, h=4, thresholds=(("red", 1),),
@@ -358,7 +367,9 @@ def fleet() -> Json:
         Panel("Thermal violation (worst GPU per node)", "timeseries", (Query(
             f"Hostname:DCGM_FI_DEV_THERMAL_VIOLATION:max_ratio_rate2m{{{HOST}}}",
             legend="{{Hostname}}"),), unit="percentunit", w=12, min=0,
-              description="Share of time clocks were held down for temperature."),
+              thresholds=(("orange", FLEET.throttle_share),),
+              description="Share of time clocks were held down for temperature; above the "
+              f"line for {FLEET.thermal_for} alerts (StepscopeGpuThermalViolation)."),
         Panel("Power violation (worst GPU per node)", "timeseries", (Query(
             f"Hostname:DCGM_FI_DEV_POWER_VIOLATION:max_ratio_rate2m{{{HOST}}}",
             legend="{{Hostname}}"),), unit="percentunit", w=12, min=0),
@@ -366,8 +377,8 @@ def fleet() -> Json:
             Query(f"training_job_rank:stepscope_straggler_score:ratio{{{RANK}}}", instant=True),
         ), w=12, h=8, sort_by="A", sort_desc=True,
               labels=("cluster", "training_job", "rank", "Hostname", "gpu"),
-              columns={"A": ("Compute time / job median", "none")},
-              description="Needs the training SDK. Above 1.25 for 5 minutes alerts."),
+              columns={"A": ("Busy time / job median", "none")},
+              description="Needs the training SDK. " + STRAGGLER_ALERTS),
     ]
     return dashboard("stepscope-fleet", "stepscope / Fleet: stragglers",
                      "Which node or GPU holds the fleet back: SM activity per node, "
@@ -502,7 +513,7 @@ def training() -> Json:
         Panel("Straggler score (worst rank)", "stat", (Query(
             f'training_job:stepscope_straggler_score:max{{{JOB}}}', instant=True,
             legend="{{training_job}}"),),
-              w=6, h=4, thresholds=(("orange", 1.25),)),
+              w=6, h=4, thresholds=(("orange", STRAGGLER),)),
         Panel("Step time per rank", "timeseries", (Query(
             f"training_job_rank:stepscope_step_duration_seconds:mean2m{{{RANK}}}",
             legend=rank_legend),),
@@ -525,8 +536,9 @@ def training() -> Json:
             "A straggler shows as comm time on the other ranks, which wait for it.")),
         Panel("Straggler score per rank", "timeseries", (Query(
             f"training_job_rank:stepscope_straggler_score:ratio{{{RANK}}}", legend=rank_legend),),
-              w=12, thresholds=(("orange", 1.25),), description=(
-                  "Compute time per step over the job's median rank. 1 is typical.")),
+              w=12, thresholds=(("orange", STRAGGLER),), description=(
+                  "Busy time per step (the step less exposed communication) over the job's "
+                  "median rank. 1 is typical. " + STRAGGLER_ALERTS)),
         Panel("MFU per rank", "timeseries", (Query(
             f"stepscope_mfu_ratio{{{RANK}}}", legend=rank_legend),), unit="percentunit",
               w=12, min=0),

@@ -126,8 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m generate",
         description="Rewrite the repository's generated files (the chart's and the image's "
-        "version, dashboards, rules for the hostname label, the chart's copies, plain "
-        "Kubernetes manifests) in order.",
+        "version, dashboards, the alert and recording rules from their sources and the fleet "
+        "thresholds, rules for the hostname label, the chart's copies, plain Kubernetes "
+        "manifests) in order.",
     )
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 naming every file that is out of date")
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for line in write():
                 print(line)
-    except version.VersionError as exc:
+    except (version.VersionError, rules.RuleSourceError) as exc:
         print(f"python -m generate: {exc}", file=sys.stderr)
         return 1
     if args.package is not None:

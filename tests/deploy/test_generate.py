@@ -62,20 +62,50 @@ def test_check_names_an_edited_generated_file_and_a_run_repairs_it(checkout: Pat
 
 
 def test_check_names_every_file_made_from_an_edited_source(checkout: Path) -> None:
-    # a canonical rule: its hostname variant, the chart's copies of both and the
-    # PrometheusRule of the plain manifests are made from it, in that order
-    rule = checkout / "deploy" / "prometheus" / "rules" / "stepscope-alerts.yml"
-    rule.write_text(rule.read_text().replace("for: 5m", "for: 6m", 1))
+    # a rule source: the rendered rule, its hostname variant, the chart's copies of both
+    # and the PrometheusRule of the plain manifests are made from it, in that order
+    source = checkout / "deploy" / "prometheus" / "rules-src" / "stepscope-alerts.yml"
+    source.write_text(source.read_text().replace("for: 5m", "for: 6m", 1))
     run = generate(checkout, "--check")
     assert run.returncode == 1
     differs = ": differs from what the generators make"
     assert run.stderr.splitlines() == [
         f"deploy/kubernetes/monitoring.yaml{differs}",
+        f"deploy/prometheus/rules/stepscope-alerts.yml{differs}",
         f"deploy/prometheus/rules-hostname/stepscope-alerts.yml{differs}",
         f"helm/stepscope/rules/stepscope-alerts.yml{differs}",
         f"helm/stepscope/rules-hostname/stepscope-alerts.yml{differs}",
         "run: python -m generate",
     ]
+
+
+def test_a_threshold_edited_by_hand_in_the_rendered_rules_is_caught_and_restored(
+    checkout: Path,
+) -> None:
+    # the rendered rules say the fleet module's numbers, never one of their own
+    rule = checkout / "deploy" / "prometheus" / "rules" / "stepscope-alerts.yml"
+    shipped = rule.read_text()
+    assert "training_job_rank:stepscope_straggler_score:ratio > 1.25" in shipped
+    rule.write_text(shipped.replace("straggler_score:ratio > 1.25", "straggler_score:ratio > 1.5"))
+    run = generate(checkout, "--check")
+    assert run.returncode == 1
+    assert run.stderr.splitlines() == [
+        "deploy/prometheus/rules/stepscope-alerts.yml: differs from what the generators make",
+        "run: python -m generate",
+    ]
+    assert generate(checkout).returncode == 0
+    assert rule.read_text() == shipped
+
+
+def test_a_placeholder_the_fleet_module_lacks_is_one_line_naming_it(checkout: Path) -> None:
+    source = checkout / "deploy" / "prometheus" / "rules-src" / "stepscope-alerts.yml"
+    source.write_text(source.read_text().replace("<% rank_straggler_ratio %>",
+                                                 "<% rank_straggler_factor %>", 1))
+    run = generate(checkout, "--check")
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("python -m generate: stepscope-alerts.yml: unknown fleet "
+                           "threshold <% rank_straggler_factor %>")  # fmt: skip
 
 
 def test_check_names_a_missing_file_and_a_copy_left_behind(checkout: Path) -> None:

@@ -6,7 +6,9 @@ The slow node's GPU throttles for temperature and its rank computes 50% longer; 
 other rank waits for it in the all-reduce. The fleet view must name, on one screen, the
 slow node and rank, the job, and the likely cause from that node's own verdict, and
 the shipped straggler alert must fire for that rank only (`for:` shortened to 5 s).
-When the job ends, each node's own diagnosis reads its rank `finished`.
+The fleet view and the firing alerts judge by one set of thresholds
+(stepscope.diagnose.fleet_rules) on the same recorded series: they name the same nodes,
+GPUs and ranks. When the job ends, each node's own diagnosis reads its rank `finished`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,33 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import REPO, wait_for
-from tests.support.fleet import JOB, fleet, fleet_report
+from tests.support.fleet import JOB, FleetPrometheus, fleet, fleet_report
+
+# what a fleet-view finding and an alert each name: a node, a GPU or a rank
+Named = set[tuple[str, ...]]
+
+
+def named_by_the_fleet_view(report: dict[str, Any]) -> Named:
+    out: Named = set()
+    for f in report.get("findings", []):
+        if f["kind"] == "slow_rank":
+            out.add(("rank", f["job"], f["rank"], f["Hostname"], f["gpu"]))
+        elif f["kind"] == "straggler":
+            out.add(("node", f["Hostname"]))
+        elif f["kind"] == "thermal_throttle":
+            out.add(("gpu", f["Hostname"], f["gpu"]))
+    return out
+
+
+def named_by_the_alerts(prom: FleetPrometheus) -> Named:
+    out: Named = set()
+    for a in prom.firing("StepscopeRankStraggler"):
+        out.add(("rank", a["training_job"], a["rank"], a["Hostname"], a["gpu"]))
+    for a in prom.firing("StepscopeNodeStraggler"):
+        out.add(("node", a["Hostname"]))
+    for a in prom.firing("StepscopeGpuThermalViolation"):
+        out.add(("gpu", a["Hostname"], a["gpu"]))
+    return out
 
 
 def test_the_fleet_view_names_the_slow_node_rank_job_and_cause_on_one_screen(
@@ -26,7 +54,7 @@ def test_the_fleet_view_names_the_slow_node_rank_job_and_cause_on_one_screen(
 ) -> None:
     with fleet(tmp_path, nodes=8) as f:
         def named() -> dict[str, Any] | None:
-            report = fleet_report(f.prom.url, "30s")
+            report = fleet_report(f.prom.url)
             slow = [s for job in report.get("jobs", []) for s in job["slow_ranks"]]
             complete = all(j["ranks"] == 8 for j in report.get("jobs", []))  # all scraped
             if complete and [(s["Hostname"], s["rank"]) for s in slow] == [(f.slow, "7")] and (
@@ -48,8 +76,8 @@ def test_the_fleet_view_names_the_slow_node_rank_job_and_cause_on_one_screen(
         assert {(a["training_job"], a["rank"], a["Hostname"]) for a in straggler} == {
             (JOB, "7", f.slow)}  # fmt: skip
         screen = subprocess.run(
-            [sys.executable, "-m", "stepscope", "diagnose", "--prometheus", f.prom.url,
-             "--window", "30s"], capture_output=True, text=True, timeout=60,
+            [sys.executable, "-m", "stepscope", "diagnose", "--prometheus", f.prom.url],
+            capture_output=True, text=True, timeout=60,
             env={"PYTHONPATH": str(REPO / "exporter"), "PATH": "/usr/bin:/bin"},
         ).stdout  # fmt: skip
         lines = screen.splitlines()
@@ -58,6 +86,16 @@ def test_the_fleet_view_names_the_slow_node_rank_job_and_cause_on_one_screen(
         assert f"{f.slow}'s own verdict: compute+thermal_throttle" in screen, screen
         assert "wait for it in all-reduce" in screen, screen
         print(screen)
+
+        # one fleet through both: the fleet view and Alertmanager name the same things
+        # (alerts lag by their for:, so both are read until they agree, then compared)
+        def agree() -> Named | None:
+            alerts = named_by_the_alerts(f.prom)
+            view = named_by_the_fleet_view(fleet_report(f.prom.url))
+            return view if view == alerts and len(view) >= 2 else None
+
+        view = wait_for(agree, timeout=60, interval=1)
+        assert view == {("rank", JOB, "7", f.slow, "0"), ("gpu", f.slow, "0")}, view
 
         # the job ends: each node's own diagnosis reads its rank finished, not unknown
         f.ranks.kill()

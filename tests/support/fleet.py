@@ -3,7 +3,8 @@
 share.
 
 ``nodes`` `stepscope serve` processes (one simulated H100 each, distinct ``--hostname``,
-each its own ingest socket), one of them (``slow``) thermally throttled from
+each its own ingest socket), one of them (``slow``) thermally throttled (or, with
+``cause="starved"``, its GPU idle 70% of each second waiting for data) from
 ``slow_at`` s after it starts; the ranks of one job spread one per node
 (tests/workers/fleet_ranks.py, real ``StepReporter``s), the slow node's rank computing
 longer from the same moment; a real ``prometheus`` scraping all of them with the
@@ -35,17 +36,22 @@ from tests.support.tools import prometheus_binary
 RULES = REPO / "deploy" / "prometheus" / "rules"
 WORKER = REPO / "tests" / "workers" / "fleet_ranks.py"
 JOB = "fleet-llm"
+# what happens to the slow node's GPU at the onset (scenario window keys)
+CAUSES: dict[str, dict[str, Any]] = {
+    "thermal": {"thermal": "sw"},
+    "starved": {"activity": "sawtooth", "period": 1.0, "duty": 0.3, "wait": "data"},
+}
 
 
 class FleetPrometheus(Prometheus):
     """The e2e test's Prometheus with a chosen scrape interval and ``for:`` durations."""
 
     def __init__(self, tmp: Path, targets: list[str], scrape: str = "1s",
-                 for_: str | None = "5s") -> None:  # fmt: skip
+                 for_: str | None = "5s", rules_dir: Path = RULES) -> None:  # fmt: skip
         tmp.mkdir(parents=True, exist_ok=True)
         (tmp / "rules").mkdir()
         rules = []
-        for path in sorted(RULES.glob("*.yml")):
+        for path in sorted(rules_dir.glob("*.yml")):
             text = path.read_text()
             if for_ is not None:  # expressions, windows and thresholds stay as shipped
                 text = re.sub(r"(?m)^(\s+)for: \S+$", rf"\g<1>for: {for_}", text)
@@ -103,12 +109,15 @@ def _read(proc: subprocess.Popen[str], out: list[str]) -> None:
 @contextmanager
 def fleet(tmp: Path, *, nodes: int = 8, slow_at: float = 0.0, interval: float = 1.0,
           window: float = 10.0, scrape: str = "1s", for_: str | None = "5s",
-          compute: float = 0.30, slow_compute: float = 0.45) -> Iterator[Fleet]:  # fmt: skip
-    """Start the fleet; the slow node is the last. Everything is stopped on exit."""
+          compute: float = 0.30, slow_compute: float = 0.45,
+          rules: Path = RULES, cause: str = "thermal") -> Iterator[Fleet]:  # fmt: skip
+    """Start the fleet; the slow node is the last. Everything is stopped on exit.
+    ``rules``: the folder of rule files Prometheus loads (the shipped ones by default)."""
     hosts = [f"node-{i}" for i in range(nodes)]
     slow = hosts[-1]
     scenario = tmp / "slow.yaml"
-    scenario.write_text(json.dumps({"gpus": 1, "timeline": [{"at": slow_at, "thermal": "sw"}]}))
+    scenario.write_text(json.dumps({"gpus": 1,
+                                    "timeline": [{"at": slow_at, **CAUSES[cause]}]}))
     env = {"STEPSCOPE_DIAGNOSIS": json.dumps({"window": window})}
 
     def start(host: str) -> Exporter:
@@ -129,7 +138,7 @@ def fleet(tmp: Path, *, nodes: int = 8, slow_at: float = 0.0, interval: float = 
             (labels, _), = parse_samples(exp.metrics())["stepscope_gpu_up"]
             specs += ["--rank", f"unix://{tmp / host}.sock,{labels['UUID']}"]
         prom = FleetPrometheus(tmp / "prometheus", [e.address for e in exporters], scrape,
-                               for_)  # fmt: skip
+                               for_, rules)  # fmt: skip
         # the slow rank slows at the moment its node's GPU starts throttling
         slow_after = max(0.0, started + slow_at - time.time())
         ranks = subprocess.Popen(
@@ -150,12 +159,15 @@ def fleet(tmp: Path, *, nodes: int = 8, slow_at: float = 0.0, interval: float = 
         kill_all(exporters)
 
 
-def fleet_report(prom_url: str, window: str) -> dict[str, Any]:
-    """`stepscope diagnose --prometheus URL --json` as a subprocess would print it."""
+def fleet_report(prom_url: str) -> dict[str, Any]:
+    """`stepscope diagnose --prometheus URL --json` as a subprocess would print it; where
+    it prints no report (exit 2), ``exit`` and ``error`` (its stderr) only."""
     result = subprocess.run(
-        [sys.executable, "-m", "stepscope", "diagnose", "--prometheus", prom_url, "--window",
-         window, "--json"], capture_output=True, text=True, timeout=60,
+        [sys.executable, "-m", "stepscope", "diagnose", "--prometheus", prom_url, "--json"],
+        capture_output=True, text=True, timeout=60,
         env={**os.environ, "PYTHONPATH": str(REPO / "exporter")})  # fmt: skip
+    if not result.stdout.strip():
+        return {"exit": result.returncode, "error": result.stderr.strip()}
     report: dict[str, Any] = json.loads(result.stdout)
     report["exit"] = result.returncode
     return report

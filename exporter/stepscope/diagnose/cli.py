@@ -2,9 +2,11 @@
 
 ``diagnose`` reads the local exporter's ``/api/v1/diagnosis`` (one row per rank / GPU),
 or with ``--prometheus`` looks across the fleet: per training job, the rank every other
-rank waits for and its node's own verdict as the likely cause; hardware faults; GPUs
+rank waits for and its node's own verdict as the likely cause; hardware faults; nodes
 whose SM activity is far below their peers'; thermal throttling; the nodes' bottleneck
-verdicts; jobs that span availability zones.
+verdicts; jobs that span availability zones. The fleet view reads the series the shipped
+recording rules record and judges them by the thresholds the shipped alerts use
+(:mod:`stepscope.diagnose.fleet_rules`), so it names what Alertmanager names.
 
 Exit status: 0 healthy, 1 a bottleneck or straggler found, 2 cannot tell (exporter
 or Prometheus unreachable, no data). Standard library only, besides our own modules.
@@ -25,6 +27,7 @@ from typing import Any
 
 from stepscope.core.labels import HOST_LABEL, HOST_LABELS, with_host_label
 from stepscope.diagnose.advice import KIND_ADVICE, advice_for
+from stepscope.diagnose.fleet_rules import FLEET
 from stepscope.diagnose.model import BOTTLENECK_KINDS, MODIFIERS
 from stepscope.shared.nccl_log import parse_nccl_log
 
@@ -32,13 +35,16 @@ EXIT_HEALTHY = 0
 EXIT_BOTTLENECK = 1
 EXIT_UNKNOWN = 2
 
-# Fleet view: a GPU whose SM active is below this share of the median of its peers
-# is a straggler; a rank whose busy time per step (step less exposed communication:
-# compute, data wait, the rest) is above (1 + this) x its job's median is the rank the
-# others wait for.
-STRAGGLER_SHARE = 0.8
-COMPUTE_OUTLIER = 0.2
-THERMAL_NS_PER_S = 5e7  # thermal violation rising 5% of the time
+# The recorded series the fleet view reads (deploy/prometheus/rules/stepscope-recording.yml)
+NODE_STRAGGLER = "Hostname_peer_group:DCGM_FI_PROF_SM_ACTIVE:ratio_median_node"
+THERMAL = "Hostname_gpu:DCGM_FI_DEV_THERMAL_VIOLATION:ratio_rate2m"
+STRAGGLER_SCORE = "training_job_rank:stepscope_straggler_score:ratio"
+BUSY = f"training_job_rank:stepscope_step_busy_seconds:mean{FLEET.straggler_window}"
+PHASES = "training_job_rank:stepscope_step_phase_seconds:mean2m"
+NO_RULES = (
+    "Prometheus at {base} has stepscope's GPU series but none of its recording rules: "
+    "load deploy/prometheus/rules/stepscope-recording.yml (the fleet view reads them)"
+)
 
 
 def add_commands(sub: Any) -> None:
@@ -55,8 +61,9 @@ def add_commands(sub: Any) -> None:
     d.add_argument("--prometheus", metavar="URL", default=None,
                    help="look across the fleet through this Prometheus instead "
                    "(a URL, or HOST:PORT for http)")  # fmt: skip
-    d.add_argument("--window", metavar="DURATION", default="5m",
-                   help="Prometheus range for the fleet view (default 5m)")  # fmt: skip
+    # The fleet view reads the recorded series, whose windows are the rules' own
+    # (stepscope.diagnose.fleet_rules): the flag is accepted for scripts that pass it.
+    d.add_argument("--window", metavar="DURATION", default=None, help=argparse.SUPPRESS)
     d.add_argument("--host-label", choices=HOST_LABELS, default=HOST_LABEL,
                    help="the host label the fleet's exporters serve (default Hostname)")
     d.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -81,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.prometheus:
             base = base_url(args.prometheus, "--prometheus")
-            return fleet(base, args.window, args.json, args.timeout, args.host_label)
+            return fleet(base, args.json, args.timeout, args.host_label)
         exporter = base_url(args.exporter, "--exporter")
     except ValueError as exc:
         _error(str(exc))
@@ -209,24 +216,21 @@ def _query(base: str, promql: str, timeout: float) -> list[dict[str, Any]]:
     return result
 
 
-def fleet_queries(window: str, host_label: str = HOST_LABEL) -> dict[str, str]:
+def fleet_queries(host_label: str = HOST_LABEL) -> dict[str, str]:
     """The PromQL the fleet view runs (documented in docs/diagnosis.md), for the host
-    label the fleet's exporters serve (``Hostname`` or ``hostname``)."""
-    rank = "cluster, training_job, rank, Hostname, gpu"
+    label the fleet's exporters serve (``Hostname`` or ``hostname``): the series the
+    recording rules record, as they are now, and the nodes' own verdicts."""
     queries = {
-        # a GPU that is down has no current SM activity: its last minutes are not news
-        "sm_active": f"avg by (cluster, Hostname, gpu) (avg_over_time("
-        f"DCGM_FI_PROF_SM_ACTIVE[{window}])) unless on (cluster, Hostname, gpu) "
-        "(stepscope_gpu_up == 0)",
+        "gpus": "stepscope_gpu_up",
+        "recorded": "Hostname:stepscope_gpu_info:count",
         "gpu_down": "stepscope_gpu_up == 0",
-        "thermal": f"max by (cluster, Hostname, gpu) "
-        f"(rate(DCGM_FI_DEV_THERMAL_VIOLATION[{window}]))",
-        # each rank's seconds per step in each phase (data_wait, compute, comm, other)
-        "phase_per_step": (
-            f"sum by ({rank}, phase) (rate(stepscope_step_phase_seconds_total[{window}])) "
-            f"/ on ({rank}) group_left () "
-            f"sum by ({rank}) (rate(stepscope_step_duration_seconds_count[{window}]))"
-        ),
+        # judged here against the thresholds the alerts use
+        "node_straggler": NODE_STRAGGLER,
+        "thermal": THERMAL,
+        "score": STRAGGLER_SCORE,
+        # shown beside the judgement: each rank's busy time and its phases per step
+        "busy": BUSY,
+        "phase_per_step": PHASES,
         "verdicts": "stepscope_bottleneck == 1",
         "modifiers": "stepscope_bottleneck_modifier == 1",
         "zones": (
@@ -257,11 +261,17 @@ def analyse_fleet(
 ) -> dict[str, Any]:
     """Findings from the fleet queries' results. Pure.
 
-    Per training job, the rank the others wait for: its busy time per step (step time
-    less exposed communication) above (1 + ``COMPUTE_OUTLIER``) x the job's median. Its
-    node's own verdict is the likely cause; the job's ranks on other nodes whose verdict
-    is ``communication`` or ``waiting_on_peer`` are waiting for it, and are reported as
-    such rather than as findings of their own.
+    Every judgement is an alert's, on the series the alert reads, by the same threshold
+    (:data:`~stepscope.diagnose.fleet_rules.FLEET`): per training job, the rank the others
+    wait for is one whose straggler score (busy time per step, the step less exposed
+    communication, over the job's median rank) is above ``rank_straggler_ratio``
+    (``StepscopeRankStraggler``); a node straggler's least active GPU is under
+    ``node_straggler_share`` of its peer group's median node (``StepscopeNodeStraggler``);
+    a GPU is thermally throttled above ``throttle_share`` of the time
+    (``StepscopeGpuThermalViolation``). A slow rank's node's own verdict is its likely
+    cause; the job's ranks on other nodes whose verdict is ``communication`` or
+    ``waiting_on_peer`` are waiting for it, and are reported as such rather than as
+    findings of their own.
     """
     host = host_label
     findings: list[dict[str, Any]] = []
@@ -269,13 +279,15 @@ def analyse_fleet(
     def where(m: dict[str, str]) -> dict[str, Any]:
         return {"cluster": m.get("cluster"), "Hostname": m.get(host), "gpu": m.get("gpu")}
 
-    sm = [(r["metric"], _val(r)) for r in _finite(results.get("sm_active", []))]
-    if len(sm) >= 2:
-        med = statistics.median(v for _, v in sm)
-        for m, v in sm:
-            if med >= 0.2 and v < STRAGGLER_SHARE * med:
-                findings.append({"kind": "straggler", **where(m),
-                                 "detail": f"SM active {v:.2f} vs median {med:.2f} of its peers"})
+    gpus = [r["metric"] for r in results.get("gpus", [])]
+    for r in _finite(results.get("node_straggler", [])):
+        m, v = r["metric"], _val(r)
+        if v < FLEET.node_straggler_share:
+            group = m.get("peer_group")
+            findings.append({"kind": "straggler", **where(m), "job": group or None,
+                             "detail": f"its least active GPU at {v:.0%} of the SM activity "
+                             f"of the median node of {f'job {group}' if group else 'its peers'}"
+                             f" (threshold {FLEET.node_straggler_share:.0%})"})  # fmt: skip
     for r in results.get("gpu_down", []):
         findings.append({"kind": "gpu_down", **where(r["metric"]),
                          "detail": "the GPU stopped answering NVML: drain the node"})
@@ -283,9 +295,9 @@ def analyse_fleet(
     for r in _finite(results.get("thermal", [])):
         m = r["metric"]
         thermal[(m.get("cluster"), m.get(host), m.get("gpu"))] = _val(r)
-        if _val(r) >= THERMAL_NS_PER_S:
+        if _val(r) > FLEET.throttle_share:
             findings.append({"kind": "thermal_throttle", **where(m),
-                             "detail": f"thermal violation {_val(r) / 1e9:.0%} of the time"})
+                             "detail": f"thermal violation {_val(r):.0%} of the time"})
 
     # the node's own verdict per rank (and per GPU without a rank), with its modifiers
     Key = tuple[Any, ...]
@@ -304,19 +316,28 @@ def analyse_fleet(
     for k in mods:
         mods[k].sort(key=lambda m: MODIFIERS.index(m) if m in MODIFIERS else len(MODIFIERS))
 
-    # per job: each rank's phases per step
+    # per job: each rank's busy time per step and straggler score (recorded), and phases
     ranks: dict[Key, dict[str, Any]] = {}
-    for r in _finite(results.get("phase_per_step", [])):
-        m = r["metric"]
-        entry = ranks.setdefault((m.get("cluster"), m.get("training_job"), m.get("rank")), {
+
+    def rank_entry(m: dict[str, str]) -> dict[str, Any]:
+        return ranks.setdefault((m.get("cluster"), m.get("training_job"), m.get("rank")), {
             "cluster": m.get("cluster"), "job": m.get("training_job"), "rank": m.get("rank"),
             "Hostname": m.get(host), "gpu": m.get("gpu"), "phases": {}})  # fmt: skip
-        entry["phases"][m.get("phase", "")] = _val(r)
+
+    for r in _finite(results.get("busy", [])):
+        rank_entry(r["metric"])["busy"] = _val(r)
+    for r in _finite(results.get("score", [])):
+        rank_entry(r["metric"])["score"] = _val(r)
+    for r in _finite(results.get("phase_per_step", [])):
+        m = r["metric"]
+        if (m.get("cluster"), m.get("training_job"), m.get("rank")) in ranks:
+            ranks[(m.get("cluster"), m.get("training_job"), m.get("rank"))]["phases"][
+                m.get("phase", "")] = _val(r)
     jobs: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     for entry in ranks.values():
-        ph = entry["phases"]
-        entry["step"] = sum(ph.values())
-        entry["busy"] = entry["step"] - ph.get("comm", 0.0)
+        if "busy" not in entry:
+            continue
+        entry["step"] = sum(entry["phases"].values()) or entry["busy"]
         jobs.setdefault((entry["cluster"], entry["job"]), []).append(entry)
     explained: set[Key] = set()
     job_reports = []
@@ -331,8 +352,7 @@ def analyse_fleet(
         job_reports.append(report)
         if len(members) < 2:
             continue
-        med = statistics.median(e["busy"] for e in members)
-        slow = [e for e in members if med > 0 and e["busy"] > (1 + COMPUTE_OUTLIER) * med]
+        slow = [e for e in members if e.get("score", 0.0) > FLEET.rank_straggler_ratio]
         slow_hosts = {e["Hostname"] for e in slow}
         for e in slow:
             k = (cluster, job, e["rank"])
@@ -345,12 +365,13 @@ def analyse_fleet(
             ph = e["phases"]
             detail = (f"busy {e['busy']:.3f} s/step (compute {ph.get('compute', 0.0):.3f}, "
                       f"data {ph.get('data_wait', 0.0):.3f}) vs the job's median "
-                      f"{med:.3f} s: {e['busy'] / med:.2f}x")  # fmt: skip
+                      f"{e['busy'] / e['score']:.3f} s: {e['score']:.2f}x "
+                      f"(threshold {FLEET.rank_straggler_ratio:g}x)")  # fmt: skip
             finding = {"kind": "slow_rank", "job": job, "rank": e["rank"], "cluster": cluster,
                        "Hostname": e["Hostname"], "gpu": e["gpu"], "detail": detail,
-                       "ratio": e["busy"] / med, "cause": cause, "advice": advice}  # fmt: skip
-            if hot >= THERMAL_NS_PER_S and "thermal_throttle" not in its_mods:
-                finding["cause"] += f" (its GPU thermal-throttled {hot / 1e9:.0%} of the time)"
+                       "ratio": e["score"], "cause": cause, "advice": advice}  # fmt: skip
+            if hot > FLEET.throttle_share and "thermal_throttle" not in its_mods:
+                finding["cause"] += f" (its GPU thermal-throttled {hot:.0%} of the time)"
             findings.append(finding)
             report["slow_ranks"].append(finding)
         if not slow:
@@ -392,13 +413,13 @@ def analyse_fleet(
                for f in findings if f["kind"] == "gpu_fault"}  # fmt: skip
     findings = [f for f in findings if f["kind"] != "gpu_down"
                 or (f.get("cluster"), f.get("Hostname"), f.get("gpu")) not in faulted]
-    nodes = {(m.get("cluster"), m.get(host)) for m, _ in sm}
-    return {"gpus": len(sm), "nodes": len(nodes), "jobs": job_reports, "findings": findings}
+    nodes = {(m.get("cluster"), m.get(host)) for m in gpus}
+    return {"gpus": len(gpus), "nodes": len(nodes), "jobs": job_reports, "findings": findings}
 
 
-def render_fleet(report: dict[str, Any], base: str, window: str) -> str:
+def render_fleet(report: dict[str, Any], base: str) -> str:
     """The fleet report for a terminal: one block per job, its slow rank first."""
-    out = [f"fleet via {base} (window {window}): {report['status']}; {report['gpus']} GPU(s) "
+    out = [f"fleet via {base}: {report['status']}; {report['gpus']} GPU(s) "
            f"on {report['nodes']} node(s), {len(report['jobs'])} training job(s)"]
     faults = [f for f in report["findings"] if f["kind"] in ("gpu_down", "gpu_fault")]
     if faults:
@@ -432,26 +453,26 @@ def render_fleet(report: dict[str, Any], base: str, window: str) -> str:
     return "\n".join(out)
 
 
-def fleet(base: str, window: str, as_json: bool, timeout: float,
-          host_label: str = HOST_LABEL) -> int:  # fmt: skip
+def fleet(base: str, as_json: bool, timeout: float, host_label: str = HOST_LABEL) -> int:
     """Query Prometheus, print the findings."""
     results: dict[str, list[dict[str, Any]]] = {}
     try:
-        for name, promql in fleet_queries(window, host_label).items():
+        for name, promql in fleet_queries(host_label).items():
             results[name] = _query(base, promql, timeout)
     except (OSError, ValueError, KeyError) as exc:
         _error(f"cannot query {base}: {getattr(exc, 'reason', None) or exc}")
+        return EXIT_UNKNOWN
+    if results["gpus"] and not results["recorded"]:
+        _error(NO_RULES.format(base=base))
         return EXIT_UNKNOWN
     report = analyse_fleet(results, host_label)
     for f in report["findings"]:  # a GPU fault verdict names the GPU and its faults
         if f["kind"] == "gpu_fault":
             f["detail"] = ", ".join(f.get("modifiers", [])) or f["detail"]
-    no_data = not results["sm_active"] and not results["phase_per_step"] and not (
-        results["verdicts"]
-    )
+    no_data = not results["gpus"] and not results["busy"] and not results["verdicts"]
     status = "unknown" if no_data else ("bottleneck" if report["findings"] else "healthy")
     report["status"] = status
-    print(json.dumps(report, indent=2) if as_json else render_fleet(report, base, window))
+    print(json.dumps(report, indent=2) if as_json else render_fleet(report, base))
     return {"unknown": EXIT_UNKNOWN, "bottleneck": EXIT_BOTTLENECK}.get(status, EXIT_HEALTHY)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepscope.core.yamltext import mapping_text
+from stepscope.diagnose.fleet_rules import FLEET
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class Thresholds:
     min_steps: int = 3  # measured steps in the window before a rank gets a verdict
     input_share: float = 0.25  # data_wait share of step time: input is the bottleneck
     comm_share: float = 0.25  # exposed comm share of step time: communication
-    sm_active_busy: float = 0.5  # a GPU without a rank at/above this SM active computes
+    # a GPU without a rank at/above this SM active computes (the fleet's number: the node
+    # straggler alert counts a median node above it as working)
+    sm_active_busy: float = FLEET.sm_active_busy
     idle_gpu_util: float = 5.0  # percent: a GPU below this (and idle SMs) is idle
     idle_sm_active: float = 0.05
     cpu_saturated: float = 0.85  # all-CPU busy share: no headroom for more workers
@@ -35,7 +38,9 @@ class Thresholds:
     fp32_active: float = 0.3  # FP32 pipe at/above this ...
     tensor_idle: float = 0.05  # ... with tensor pipes below this: fp32_no_tensor
     low_occupancy: float = 0.3  # SM occupancy below this while the SMs are busy
-    throttle_share: float = 0.2  # share of the window under thermal / power clock events
+    # share of the window under thermal / power clock events: what the fleet's thermal and
+    # power-cap alerts call throttled, over their own windows
+    throttle_share: float = FLEET.throttle_share
     peer_excess: float = 0.5  # a peer computes longer by this share of our comm: waiting
     rdma_flat_bytes_per_second: float = 1e6  # RDMA traffic below this counts as flat
     # host_bound: the step body dominates while the SMs idle (below this) ...
@@ -56,7 +61,8 @@ class Thresholds:
     # ... naming a span (checkpoint, evaluation, logging) at/above this share of step time
     span_share: float = 0.1
     dram_busy: float = 0.45  # DRAM active at/above this with tensor pipes idle: memory_bound
-    pcie_replays_per_minute: float = 8.0  # PCIe replays: a storm (DCGM's health limit)
+    # PCIe replays: a storm (DCGM's health limit; the fleet's StepscopeGpuPcieReplayStorm)
+    pcie_replays_per_minute: float = FLEET.pcie_replays_per_minute
     fault_hold: float = 600.0  # seconds a critical XID keeps the fault verdict (no reset seen)
     finished_linger: float = 60.0  # seconds a finished rank reads `finished` before it drops
 

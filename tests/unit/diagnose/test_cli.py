@@ -45,25 +45,37 @@ def _series(metric: dict[str, str], value: float) -> dict[str, Any]:
 
 
 def test_fleet_view_names_the_slow_rank_its_cause_the_waiting_ranks_and_the_rest() -> None:
+    # what the recording rules record: each rank's busy time per step and straggler score,
+    # its phases, each node's least active GPU over its peers' median, thermal shares
+    def labels(r: int, host: str) -> dict[str, str]:
+        return {"cluster": "c", "training_job": "j", "rank": str(r), "Hostname": host,
+                "gpu": "0"}
+
     def rank(r: int, host: str, **phases: float) -> list[dict[str, Any]]:
-        return [_series({"cluster": "c", "training_job": "j", "rank": str(r), "Hostname": host,
-                         "gpu": "0", "phase": name}, v) for name, v in phases.items()]
+        return [_series({**labels(r, host), "phase": name}, v) for name, v in phases.items()]
 
     def verdict(r: int, host: str, kind: str, **extra: str) -> dict[str, Any]:
-        return _series({"cluster": "c", "training_job": "j", "rank": str(r), "Hostname": host,
-                        "gpu": "0", **extra, "kind": kind}, 1)
+        return _series({**labels(r, host), **extra, "kind": kind}, 1)
 
-    sm = [_series({"cluster": "c", "Hostname": f"node-{h}", "gpu": str(g)}, 0.9)
-          for h in "abc" for g in range(2)]
-    sm.append(_series({"cluster": "c", "Hostname": "node-d", "gpu": "0"}, 0.4))
+    gpus = [_series({"cluster": "c", "Hostname": f"node-{h}", "gpu": str(g)}, 1)
+            for h in "abcd" for g in range(2)]
+    busy = {0: ("node-a", 0.31), 1: ("node-b", 0.31), 2: ("node-c", 0.46), 3: ("node-x", 0.32)}
+    median = 0.315
     phases = [*rank(0, "node-a", compute=0.30, comm=0.15, data_wait=0.01),
               *rank(1, "node-b", compute=0.30, comm=0.15, data_wait=0.01),
               *rank(2, "node-c", compute=0.45, comm=0.01, data_wait=0.01),
               *rank(3, "node-x", compute=0.31, comm=0.14, data_wait=0.01)]
     report = analyse_fleet({
-        "sm_active": sm,
-        "thermal": [_series({"cluster": "c", "Hostname": "node-c", "gpu": "0"}, 8e8),
+        "gpus": gpus,
+        "node_straggler": [
+            _series({"cluster": "c", "Hostname": "node-d", "peer_group": "j"}, 0.45),
+            _series({"cluster": "c", "Hostname": "node-a", "peer_group": "j"}, 1.0),
+            _series({"cluster": "c", "Hostname": "node-b", "peer_group": "j"}, 0.61)],
+        "thermal": [_series({"cluster": "c", "Hostname": "node-c", "gpu": "0"}, 0.8),
+                    _series({"cluster": "c", "Hostname": "node-b", "gpu": "0"}, 0.1),
                     _series({"cluster": "c", "Hostname": "node-a", "gpu": "0"}, 0.0)],
+        "busy": [_series(labels(r, h), v) for r, (h, v) in busy.items()],
+        "score": [_series(labels(r, h), v / median) for r, (h, v) in busy.items()],
         "phase_per_step": phases,
         "verdicts": [verdict(0, "node-a", "communication"),
                      verdict(1, "node-b", "waiting_on_peer"),
@@ -82,8 +94,10 @@ def test_fleet_view_names_the_slow_rank_its_cause_the_waiting_ranks_and_the_rest
     })  # fmt: skip
     found = {(f["kind"], f.get("Hostname"), f.get("gpu"), f.get("rank"), f.get("job"))
              for f in report["findings"]}  # fmt: skip
+    # judged by the alerts' thresholds (fleet_rules.FLEET): node straggler under 0.6 of the
+    # median node, throttled above 10% (node-b's 10% is not), score above 1.25
     assert found == {
-        ("straggler", "node-d", "0", None, None),
+        ("straggler", "node-d", None, None, "j"),
         ("thermal_throttle", "node-c", "0", None, None),
         ("slow_rank", "node-c", "0", "2", "j"),
         ("input_cpu", "node-x", "0", "3", "j"),  # the verdict of a rank not waiting
@@ -91,14 +105,23 @@ def test_fleet_view_names_the_slow_rank_its_cause_the_waiting_ranks_and_the_rest
         ("gpu_down", "node-f", "1", None, None),
         ("cross_az", None, None, None, "j"),
     }  # ranks 0 and 1 wait for rank 2: not findings of their own, nor is rank 0's tcp
+    assert (report["gpus"], report["nodes"]) == (8, 4)
     (job,) = report["jobs"]
     (slow,) = job["slow_ranks"]
     assert slow["cause"] == "compute+thermal_throttle" and "temperature" in slow["advice"]
-    assert slow["ratio"] == pytest.approx(0.46 / 0.315)  # busy: step less comm
+    assert slow["ratio"] == pytest.approx(0.46 / 0.315)  # the recorded score
+    assert "vs the job's median 0.315 s: 1.46x (threshold 1.25x)" in slow["detail"]
     assert (job["waiting_ranks"], job["waiting_nodes"]) == (2, 2)
     report["status"] = "bottleneck"
-    text = render_fleet(report, "http://prom", "1m")
+    text = render_fleet(report, "http://prom")
     assert "SLOW: rank 2 on node-c (gpu 0)" in text
     assert "likely cause, node-c's own verdict: compute+thermal_throttle" in text
     assert "2 other rank(s) on 2 other node(s) wait for it" in text
-    assert analyse_fleet({"sm_active": sm[:6]})["findings"] == []
+    # at the thresholds exactly, nothing: the alerts compare with > and <
+    assert analyse_fleet({
+        "gpus": gpus,
+        "node_straggler": [_series({"cluster": "c", "Hostname": "node-d"}, 0.6)],
+        "thermal": [_series({"cluster": "c", "Hostname": "node-c", "gpu": "0"}, 0.1)],
+        "busy": [_series(labels(0, "node-a"), 0.3), _series(labels(1, "node-b"), 0.375)],
+        "score": [_series(labels(0, "node-a"), 1.0), _series(labels(1, "node-b"), 1.25)],
+    })["findings"] == []  # fmt: skip

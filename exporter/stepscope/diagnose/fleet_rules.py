@@ -1,0 +1,135 @@
+"""Every judgement made outside the process, defined once: the thresholds and windows of
+the shipped alert and recording rules and of ``stepscope diagnose --prometheus``.
+
+Three places judge a fleet: the alert rules in the fleet's Prometheus, the fleet view
+(``stepscope diagnose --prometheus``) and each node's own diagnosis. They must agree on
+what a straggler and a throttled GPU are, or Alertmanager and the fleet view contradict
+each other on the same data. So:
+
+- ``python -m generate`` renders ``deploy/prometheus/rules-src/*.yml`` into
+  ``deploy/prometheus/rules/`` with :data:`FLEET` (its ``<% name %>`` placeholders), and
+  from there the ``hostname`` variants, the chart's copies and the plain manifests;
+  ``python -m generate --check`` fails on a hand edit or a value changed here only;
+- the fleet view reads the series the recording rules record (the straggler score, the
+  node's SM activity against its peers, the thermal share) and compares them with the
+  same numbers (:func:`stepscope.diagnose.cli.analyse_fleet`);
+- the node's own thresholds (:class:`stepscope.diagnose.thresholds.Thresholds`) take
+  their defaults from here where they mean the same thing (``throttle_share``,
+  ``sm_active_busy``, ``pcie_replays_per_minute``).
+
+docs/diagnosis.md ("One source for every judgement") lists them; a test keeps it equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# A placeholder of a rule source: ``<% name %>`` or ``<% name | format %>``. Neither
+# PromQL nor Prometheus' templates (``{{ ... }}``) use ``<%``.
+PLACEHOLDER = re.compile(r"<%\s*([a-z_]+)\s*(?:\|\s*([a-z]+)\s*)?%>")
+
+
+@dataclass(frozen=True)
+class FleetRules:
+    """The numbers of the fleet's judgements. Shares and ratios are 0-1; windows and
+    ``for:`` durations are Prometheus durations."""
+
+    # -- windows
+    # rate() window of the rank busy time that the straggler score reads: short, since the
+    # score compares a rank with its job's median at the same instant (a whole fleet
+    # slowing together moves the median with it)
+    straggler_window: str = "1m"
+    # how long a straggler or a throttled GPU must last before it pages. Measured on
+    # benchmarks/bench_fleet_onset.py (15 s scrape): a rank's score crosses its threshold
+    # ~70 s after onset (the 1m window has to tilt, then a scrape and an evaluation), a
+    # thermal ratio ~45 s after, a node's SM ratio ~30 s after; these keep each alert
+    # within two minutes of onset (docs/diagnosis.md, "From onset to verdict and alert")
+    # while a transient shorter than the window and this does not page
+    rank_straggler_for: str = "30s"
+    node_straggler_for: str = "1m"
+    thermal_for: str = "45s"
+    # -- stragglers
+    # a node whose least active GPU is under this share of its peer group's median node
+    node_straggler_share: float = 0.6
+    # ... counting only nodes holding work (this share of their framebuffer in use) ...
+    busy_fb_share: float = 0.05
+    # ... while the median node computes (SM active above this; the node's own diagnosis
+    # counts a GPU without a rank at/above it as computing)
+    sm_active_busy: float = 0.5
+    # a rank whose busy time per step (the step less exposed communication) is above this
+    # multiple of its job's median rank: the rank every other rank waits for
+    rank_straggler_ratio: float = 1.25
+    # -- GPU health
+    # share of the time under thermal (or power) clock events from which a GPU counts as
+    # throttled (the node's own diagnosis: over its window)
+    throttle_share: float = 0.1
+    # a GPU capped for power this many points above the median GPU of its node or
+    # training job is capped unlike its peers (a fleet uniformly at its cap is healthy)
+    power_cap_peer_margin: float = 0.2
+    # an enforced power limit under this share of the board's default is lowered
+    power_limit_floor: float = 0.95
+    # PCIe replays a minute from which the link is faulty (DCGM's health check's limit)
+    pcie_replays_per_minute: float = 8.0
+
+
+#: The shipped values.
+FLEET = FleetRules()
+
+_UNITS = {"s": ("second", 1), "m": ("minute", 60), "h": ("hour", 3600)}
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a one-unit Prometheus duration (``90s``, ``1m``, ``2h``); ValueError
+    otherwise."""
+    match = re.fullmatch(r"(\d+)([smh])", text)
+    if match is None:
+        raise ValueError(f"expected a duration such as 30s, 1m or 2h, got {text!r}")
+    return float(int(match[1]) * _UNITS[match[2]][1])
+
+
+def _words(text: str) -> str:
+    """``1m`` -> ``1 minute``, ``90s`` -> ``90 seconds``: a duration as a description says it."""
+    duration_seconds(text)
+    number, unit = int(text[:-1]), _UNITS[text[-1]][0]
+    return f"{number} {unit}" + ("" if number == 1 else "s")
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+FORMATS: dict[str, Callable[[object], str]] = {
+    # 0.1 -> 10%: a share as a description says it
+    "pct": lambda v: f"{100 * float(str(v)):g}%",
+    # 0.2 -> 20: a share in percentage points
+    "points": lambda v: f"{100 * float(str(v)):g}",
+    # 1.25 -> 1.25x
+    "x": lambda v: f"{float(str(v)):g}x",
+    "words": lambda v: _words(str(v)),
+}
+
+
+def _plain(value: object) -> str:
+    return _number(value) if isinstance(value, float) else str(value)
+
+
+def render(text: str, rules: FleetRules = FLEET) -> str:
+    """``text`` with every ``<% name %>`` / ``<% name | format %>`` replaced by that value
+    of ``rules``; ValueError naming an unknown name or format."""
+    values = dataclasses.asdict(rules)
+
+    def one(match: re.Match[str]) -> str:
+        name, fmt = match[1], match[2]
+        if name not in values:
+            raise ValueError(f"unknown fleet threshold <% {name} %> (known: {', '.join(values)})")
+        if fmt is None:
+            return _plain(values[name])
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown format {fmt!r} in <% {name} | {fmt} %> "
+                             f"(known: {', '.join(FORMATS)})")
+        return FORMATS[fmt](values[name])
+
+    return PLACEHOLDER.sub(one, text)
