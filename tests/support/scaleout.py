@@ -47,7 +47,11 @@ class Server:
         self.log = self.log_path.open("w")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
                                      cwd=tmp)  # fmt: skip
-        wait_for(lambda: self._ready(ready_path), timeout=30, interval=0.2)
+        try:
+            wait_for(lambda: self._ready(ready_path), timeout=30, interval=0.2)
+        except BaseException:  # never ready: nobody else holds it to stop it
+            self.stop()
+            raise
 
     def _ready(self, path: str) -> bool:
         if self.proc.poll() is not None:
