@@ -201,6 +201,16 @@ def test_slow_keys_only_when_the_slow_tier_is_asked_for() -> None:
     assert "gpu_util" not in slow_only and slow_only["total_energy"] == 123_456_789
 
 
+def test_power_limits_are_read_in_watts_on_the_slow_tier() -> None:
+    # an operator lowered GPU 1's limit to 500 W; both boards' default is 700 W
+    backend, fake = backend_for(FakeGpu(), FakeGpu(uuid="GPU-1", enforced_limit_mw=500_000))
+    assert "enforced_power_limit" not in backend.read(0, FAST).values
+    assert fake.calls["nvmlDeviceGetEnforcedPowerLimit"] == 0
+    v0, v1 = backend.read(0, BOTH).values, backend.read(1, BOTH).values
+    assert (v0["enforced_power_limit"], v0["power_mgmt_limit_def"]) == (700.0, 700.0)
+    assert (v1["enforced_power_limit"], v1["power_mgmt_limit_def"]) == (500.0, 700.0)
+
+
 def test_gpu_that_falls_off_the_bus_reads_down_while_the_other_reports() -> None:
     lost = FakeGpu(fail={"nvmlDeviceGetUtilizationRates": pynvml.NVML_ERROR_GPU_IS_LOST})
     backend, _ = backend_for(lost, FakeGpu(uuid="GPU-1"))

@@ -275,6 +275,13 @@ def test_power_capping_pins_power_at_the_limit_and_counts_power_violation() -> N
     assert at(backend, clock, 300, 0)["power_violation"] == pytest.approx(60e9, rel=1e-9)
 
 
+def test_a_simulated_board_enforces_its_default_power_limit_even_at_the_cap() -> None:
+    backend, clock = sim({"gpus": 1, "timeline": [{"at": 0, "power_cap": True}]})
+    v = at(backend, clock, 30, 0)
+    assert v["enforced_power_limit"] == v["power_mgmt_limit_def"] == 700.0  # an H100's
+    assert v["power_usage"] == pytest.approx(700, rel=0.01)  # capped, at its own limit
+
+
 def test_energy_is_the_integral_of_power() -> None:
     backend, clock = sim({"gpus": 1})
     e1 = at(backend, clock, 100, 0)["total_energy"]
