@@ -47,7 +47,7 @@ def test_the_example_passes_amtool_check_config() -> None:
     run = subprocess.run([amtool(), "check-config", str(ALERTMANAGER_CONFIG)],
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0 and "SUCCESS" in run.stdout, run.stdout + run.stderr
-    assert "4 inhibit rules" in run.stdout
+    assert "5 inhibit rules" in run.stdout
 
 
 @pytest.mark.parametrize(("labels", "receiver"), [
@@ -121,7 +121,10 @@ ALERTS: dict[str, dict[str, str]] = {
     "collector_errors_a": {"alertname": "StepscopeCollectorErrors", **_target("a"),
                            **_node("a"), "collector": "gpu"},
     "low_mfu": {"alertname": "StepscopeLowMfu", "cluster": "prod-east", "training_job": "llm"},
-    "exporter_down_c": {"alertname": "StepscopeExporterDown", **_target("c")},
+    # down: it carries its node's Hostname, joined from the node's GPU info as last seen
+    "exporter_down_c": {"alertname": "StepscopeExporterDown", **_target("c"), **_node("c")},
+    "node_straggler_c": {"alertname": "StepscopeNodeStraggler", **_node("c"),
+                         "peer_group": "llm"},
     "bottleneck_c": {"alertname": "StepscopeBottleneck", **_target("c"), **_node("c"),
                      "training_job": "llm", "rank": "17", "gpu": "1", "kind": "input"},
     "xid_drain_d": {"alertname": "StepscopeGpuXidDrain", **_target("d"), **_node("d"),
@@ -171,7 +174,8 @@ def test_a_cause_silences_its_symptoms_on_the_same_node_or_gpu_only(am: Server) 
     expected = {
         # GPU down on node a: its node's symptoms, its gpu source's errors, its job's MFU
         "node_straggler_a", "stalled_a", "collector_errors_a", "low_mfu",
-        "bottleneck_c",  # node c's exporter down: its target's verdict alerts
+        # node c's exporter down: its target's verdict alerts and its node's straggler
+        "bottleneck_c", "node_straggler_c",
         "thermal_d5",  # critical XID on d/5: that GPU's warnings, not d/6's
     }
     _post(am, list(ALERTS.values()))
