@@ -298,20 +298,26 @@ def seconds_of(interval: str) -> float:
     return int(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[match.group(2)]
 
 
+def start_fleet(template: str, layout: Layout) -> tuple[Any, int, Any]:
+    """The fake-target process started and ready: (the process, its port, what it sent
+    when ready: the bytes of one node's body)."""
+    port = free_port()
+    receive, send = multiprocessing.Pipe(duplex=False)
+    fleet = multiprocessing.get_context("fork").Process(
+        target=serve_fleet, args=(template, layout, port, send), daemon=True)
+    fleet.start()
+    if not receive.poll(300):
+        raise RuntimeError("the fleet server did not start")
+    return fleet, port, receive.recv()
+
+
 def run(prometheus: str, template: str, layout: Layout, warmup: float, seconds: float,
         interval: str, history_hours: float, rules: Path = RULES,
         compare: list[Path] | None = None) -> dict[str, Any]:
     interval_s = seconds_of(interval)
     compare = [rules, *compare] if compare else []
     tmp = Path(tempfile.mkdtemp(prefix="stepscope-bench-"))
-    fleet_port = free_port()
-    receive, send = multiprocessing.Pipe(duplex=False)
-    fleet = multiprocessing.get_context("fork").Process(
-        target=serve_fleet, args=(template, layout, fleet_port, send), daemon=True)
-    fleet.start()
-    if not receive.poll(300):
-        raise RuntimeError("the fleet server did not start")
-    body_bytes = receive.recv()
+    fleet, fleet_port, body_bytes = start_fleet(template, layout)
     proc: subprocess.Popen[bytes] | None = None
     try:
         if history_hours > 0:

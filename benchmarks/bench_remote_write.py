@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import shutil
 import subprocess
@@ -35,7 +34,7 @@ from benchmarks.bench_prometheus_scale import (
     Layout,
     one_node_exposition,
     seconds_of,
-    serve_fleet,
+    start_fleet,
 )
 from tests.support import REPO, parse_samples
 
@@ -65,14 +64,7 @@ def run(prometheus: str, layout: Layout, interval: str, warmup: float,
     template = one_node_exposition()
     served = sum(1 for line in template.splitlines() if line and not line.startswith("#"))
     tmp = Path(tempfile.mkdtemp(prefix="stepscope-bench-rw-"))
-    fleet_port = free_port()
-    receive, send = multiprocessing.Pipe(duplex=False)
-    fleet = multiprocessing.get_context("fork").Process(
-        target=serve_fleet, args=(template, layout, fleet_port, send), daemon=True)
-    fleet.start()
-    if not receive.poll(300):
-        raise RuntimeError("the fleet server did not start")
-    receive.recv()
+    fleet, fleet_port, _ = start_fleet(template, layout)
     procs: list[subprocess.Popen[bytes]] = []
     try:
         central = f"http://127.0.0.1:{free_port()}"
