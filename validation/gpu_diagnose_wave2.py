@@ -43,15 +43,19 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks._local import free_port, get, pid_alive, start_detached_exporter, stop_pid
 from tests.support import REPO
+from validation._classes import (
+    ExporterDidNotStart,
+    VerdictPolls,
+    class_gpu_uuid,
+    start_class_exporter,
+    tally,
+)
 
 # class -> (expected kind, expected modifier or None)
 EXPECTED: dict[str, tuple[str, str | None]] = {
@@ -218,67 +222,25 @@ def run_class(name: str, device: str, seconds: float, tmp: Path, out: Path,
 
     from stepscope.train import StepReporter
 
-    port = free_port()
-    ingest = f"unix://{tmp}/{name}.sock"
-    cfg = tmp / f"{name}.yaml"
-    lines = ["interval: 1", "slow_interval: 2", f"ingest: {ingest}",
-             f"diagnosis: {{window: {WINDOW}}}"]  # fmt: skip
-    if device == "cpu":
-        scenario = tmp / f"{name}-gpu.yaml"
-        scenario.write_text(json.dumps({"gpus": 1, "model": "NVIDIA H200",
-                                        "workload": CPU_SCENARIOS[name]}))  # fmt: skip
-        lines.append(f"scenario: {scenario}")
-    cfg.write_text("\n".join(lines) + "\n")
-    pid = start_detached_exporter(["--listen", f"127.0.0.1:{port}", "--config", str(cfg)],
-                                  out / f"exporter-{name}.log", env)  # fmt: skip
+    try:
+        exporter, doc = start_class_exporter(name, device, tmp, out / f"exporter-{name}.log",
+                                             env, WINDOW, CPU_SCENARIOS[name])  # fmt: skip
+    except ExporterDidNotStart as err:
+        return {"class": name, "error": "exporter did not start", "log": str(err)}
     affinity = os.sched_getaffinity(0)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                doc = json.loads(get(f"http://127.0.0.1:{port}/api/v1/diagnosis"))
-                if doc.get("verdicts"):
-                    break
-            except OSError:
-                pass
-            if not pid_alive(pid) or time.monotonic() > deadline:
-                return {"class": name, "error": "exporter did not start",
-                        "log": (out / f"exporter-{name}.log").read_text()[-2000:]}
-            time.sleep(0.2)
-        if device == "cuda":
-            from stepscope.train._env import cuda_device_uuid
-
-            uuid = cuda_device_uuid(torch, 0) or ""
-        else:
-            uuid = next(v["subject"]["uuid"] for v in doc["verdicts"]
-                        if v["subject"]["gpu"] == 0)  # fmt: skip
+        uuid = class_gpu_uuid(device, torch, doc)
         if name == "input_cpu" and len(affinity) > 4:
             os.sched_setaffinity(0, set(sorted(affinity)[:4]))  # workers inherit it
         step, loader, precision = _loop_factory(name, device, tmp)
-        rep = StepReporter(name, ingest=ingest, gpu_uuid=uuid, precision=precision,
+        rep = StepReporter(name, ingest=exporter.ingest, gpu_uuid=uuid, precision=precision,
                            warmup_steps=3)  # fmt: skip
-        stop = threading.Event()
-        polls: list[dict[str, Any]] = []
-
-        def poll() -> None:
-            time.sleep(WINDOW + 3)  # the window fills with this class's steps first
-            while not stop.wait(1.0):
-                try:
-                    doc = json.loads(get(f"http://127.0.0.1:{port}/api/v1/diagnosis"))
-                except OSError:
-                    continue  # a busy exporter: the next poll
-                v = next((v for v in doc["verdicts"] if v["subject"]["job"] == name), None)
-                if v is not None:
-                    polls.append(v)
-                if len(polls) >= seconds:
-                    stop.set()
-
-        poller = threading.Thread(target=poll, daemon=True)
+        polls = VerdictPolls(exporter, WINDOW, seconds)
+        poller = polls.start()
         t0 = time.perf_counter()
         steps = 0
-        poller.start()
         batches: Iterator[Any] = iter(rep.timed(loader)) if loader is not None else iter(())
-        while not stop.is_set() and time.perf_counter() - t0 < seconds + WINDOW + 30:
+        while not polls.stop.is_set() and time.perf_counter() - t0 < seconds + WINDOW + 30:
             if loader is not None:
                 batch = next(batches)
                 with rep.step():
@@ -290,7 +252,7 @@ def run_class(name: str, device: str, seconds: float, tmp: Path, out: Path,
         if device == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
-        stop.set()
+        polls.stop.set()
         poller.join(timeout=5)
         rep.close()
         # the loader's workers must be gone before the next class: they would count as
@@ -301,25 +263,13 @@ def run_class(name: str, device: str, seconds: float, tmp: Path, out: Path,
             torch.cuda.empty_cache()
     finally:
         os.sched_setaffinity(0, affinity)
-        stop_pid(pid)
-    counts = Counter(v["kind"] for v in polls)
-    kind, modifier = EXPECTED[name]
-    right = sum(1 for v in polls if v["kind"] == kind
-                and (modifier is None or modifier in v["modifiers"]))  # fmt: skip
-    last = polls[-1] if polls else {}
-    sig = last.get("signals", {})
-    return {
-        "class": name, "expected": kind + (f"+{modifier}" if modifier else ""),
-        "polls": len(polls), "right": right, "counts": dict(counts),
-        "verdicts": dict(Counter(v["kind"] + "".join(f"+{m}" for m in v["modifiers"])
-                                 for v in polls)),
-        "steps_per_s": steps / elapsed if elapsed else 0.0,
-        "signals": {k: sig.get(k) for k in ("sm_active", "gpu_util", "dram_active",
-                                            "tensor_active", "fp32_active", "main_cpu_cores",
-                                            "data_wait_share", "compute_share",
-                                            "dataloader_cpu_cores", "cpu_busy")},
-        "advice": last.get("advice", ""), "evidence": last.get("evidence", []),
-    }
+        exporter.stop()
+    return tally(name, EXPECTED[name], polls.polls, steps, elapsed, SIGNALS)
+
+
+SIGNALS = ("sm_active", "gpu_util", "dram_active", "tensor_active", "fp32_active",
+           "main_cpu_cores", "data_wait_share", "compute_share", "dataloader_cpu_cores",
+           "cpu_busy")  # fmt: skip
 
 
 def _pct(v: Any) -> str:

@@ -36,15 +36,19 @@ import json
 import os
 import sys
 import tempfile
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._local import free_port, get, pid_alive, start_detached_exporter, stop_pid
 from tests.support import REPO
+from validation._classes import (
+    ExporterDidNotStart,
+    VerdictPolls,
+    class_gpu_uuid,
+    start_class_exporter,
+    tally,
+)
 
 # class -> (expected kind, expected modifier or None)
 EXPECTED: dict[str, tuple[str, str | None]] = {
@@ -135,63 +139,20 @@ def run_class(name: str, device: str, a: argparse.Namespace, tmp: Path,
 
     from stepscope.train import StepReporter
 
-    port = free_port()
-    ingest = f"unix://{tmp}/{name}.sock"
-    cfg = tmp / f"{name}.yaml"
-    lines = ["interval: 1", "slow_interval: 2", f"ingest: {ingest}",
-             f"diagnosis: {{window: {WINDOW}}}"]  # fmt: skip
-    if device == "cpu":
-        scenario = tmp / f"{name}-gpu.yaml"
-        scenario.write_text(json.dumps({"gpus": 1, "model": "NVIDIA H200",
-                                        "workload": CPU_SCENARIOS[name]}))  # fmt: skip
-        lines.append(f"scenario: {scenario}")
-    cfg.write_text("\n".join(lines) + "\n")
-    log = a.out / f"exporter-{name}.log"
-    pid = start_detached_exporter(["--listen", f"127.0.0.1:{port}", "--config", str(cfg)],
-                                  log, env)  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                doc = json.loads(get(f"http://127.0.0.1:{port}/api/v1/diagnosis"))
-                if doc.get("verdicts"):
-                    break
-            except OSError:
-                pass
-            if not pid_alive(pid) or time.monotonic() > deadline:
-                return {"class": name, "error": "exporter did not start",
-                        "log": log.read_text()[-2000:]}  # fmt: skip
-            time.sleep(0.2)
-        if device == "cuda":
-            from stepscope.train._env import cuda_device_uuid
-
-            uuid = cuda_device_uuid(torch, 0) or ""
-        else:
-            uuid = next(v["subject"]["uuid"] for v in doc["verdicts"]
-                        if v["subject"]["gpu"] == 0)  # fmt: skip
-        rep = StepReporter(name, ingest=ingest, gpu_uuid=uuid, warmup_steps=3)
+        exporter, doc = start_class_exporter(name, device, tmp, a.out / f"exporter-{name}.log",
+                                             env, WINDOW, CPU_SCENARIOS[name])  # fmt: skip
+    except ExporterDidNotStart as err:
+        return {"class": name, "error": "exporter did not start", "log": str(err)}
+    try:
+        rep = StepReporter(name, ingest=exporter.ingest,
+                           gpu_uuid=class_gpu_uuid(device, torch, doc), warmup_steps=3)
         step, between = _loop(name, device, a, tmp, rep.phase)
-        stop = threading.Event()
-        polls: list[dict[str, Any]] = []
-
-        def poll() -> None:
-            time.sleep(WINDOW + 3)  # the window fills with this class's steps first
-            while not stop.wait(1.0):
-                try:
-                    doc = json.loads(get(f"http://127.0.0.1:{port}/api/v1/diagnosis"))
-                except OSError:
-                    continue
-                v = next((v for v in doc["verdicts"] if v["subject"]["job"] == name), None)
-                if v is not None:
-                    polls.append(v)
-                if len(polls) >= a.seconds:
-                    stop.set()
-
-        poller = threading.Thread(target=poll, daemon=True)
+        polls = VerdictPolls(exporter, WINDOW, a.seconds)
+        poller = polls.start()
         t0 = time.perf_counter()
         steps = 0
-        poller.start()
-        while not stop.is_set() and time.perf_counter() - t0 < a.seconds + WINDOW + 30:
+        while not polls.stop.is_set() and time.perf_counter() - t0 < a.seconds + WINDOW + 30:
             with rep.step():
                 step(steps)
             between(steps)  # a checkpoint, between this step and the next
@@ -199,30 +160,22 @@ def run_class(name: str, device: str, a: argparse.Namespace, tmp: Path,
         if device == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - t0
-        stop.set()
+        polls.stop.set()
         poller.join(timeout=5)
         rep.close()
         del step, between
         if device == "cuda":
             torch.cuda.empty_cache()
     finally:
-        stop_pid(pid)
+        exporter.stop()
     kind, modifier = EXPECTED[name]
-    right = sum(1 for v in polls if v["kind"] == kind
-                and (modifier is None or modifier in v["modifiers"])
+
+    def right(v: dict[str, Any]) -> bool:
+        # an unnamed save must read between_steps with no modifier
+        return (v["kind"] == kind and (modifier is None or modifier in v["modifiers"])
                 and (modifier is not None or kind != "between_steps" or not v["modifiers"]))
-    last = polls[-1] if polls else {}
-    sig = last.get("signals", {})
-    return {
-        "class": name, "expected": kind + (f"+{modifier}" if modifier else ""),
-        "polls": len(polls), "right": right,
-        "counts": dict(Counter(v["kind"] for v in polls)),
-        "verdicts": dict(Counter(v["kind"] + "".join(f"+{m}" for m in v["modifiers"])
-                                 for v in polls)),
-        "steps_per_s": steps / elapsed if elapsed else 0.0,
-        "signals": {k: sig.get(k) for k in SIGNALS},
-        "advice": last.get("advice", ""), "evidence": last.get("evidence", []),
-    }  # fmt: skip
+
+    return tally(name, EXPECTED[name], polls.polls, steps, elapsed, SIGNALS, right)
 
 
 def _pct(v: Any) -> str:
