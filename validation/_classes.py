@@ -6,6 +6,7 @@ second after the diagnosis window filled, and the row that tallies the polls."""
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections import Counter
@@ -15,6 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks._local import free_port, get, pid_alive, start_detached_exporter, stop_pid
+
+
+def pick_device(cpu: bool, script: str) -> tuple[str, str] | None:
+    """("cpu" or "cuda", a name for the report); None (after one line on stderr) when a
+    GPU run finds no CUDA. On CUDA, device 0 is initialised and made current."""
+    import torch
+
+    if cpu:
+        return "cpu", "CPU (simulated H200 for the GPU side)"
+    if not torch.cuda.is_available():
+        print(f"{script}: CUDA not available (use --cpu to rehearse)", file=sys.stderr)
+        return None
+    torch.cuda.init()
+    torch.cuda.set_device(0)
+    return "cuda", torch.cuda.get_device_name(0)
 
 
 class ExporterDidNotStart(RuntimeError):

@@ -53,6 +53,7 @@ from validation._classes import (
     ExporterDidNotStart,
     VerdictPolls,
     class_gpu_uuid,
+    pick_device,
     start_class_exporter,
     tally,
 )
@@ -318,17 +319,10 @@ def main() -> int:
                     help="seconds after which no further class starts")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    import torch
-
-    if args.cpu:
-        device, device_name = "cpu", "CPU (simulated H200 for the GPU side)"
-    elif torch.cuda.is_available():
-        device, device_name = "cuda", torch.cuda.get_device_name(0)
-        torch.cuda.init()
-        torch.cuda.set_device(0)
-    else:
-        print("gpu_diagnose_wave2: CUDA not available (use --cpu to rehearse)", file=sys.stderr)
+    picked = pick_device(args.cpu, "gpu_diagnose_wave2")
+    if picked is None:
         return 2
+    device, device_name = picked
     env = {**os.environ, "PYTHONPATH": str(REPO / "exporter"), "PYTHONUNBUFFERED": "1"}
     cpus = len(os.sched_getaffinity(0))
     started = time.monotonic()

@@ -46,6 +46,7 @@ from validation._classes import (
     ExporterDidNotStart,
     VerdictPolls,
     class_gpu_uuid,
+    pick_device,
     start_class_exporter,
     tally,
 )
@@ -230,17 +231,10 @@ def main() -> int:
                     help="seconds after which no further class starts")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    import torch
-
-    if a.cpu:
-        device, device_name = "cpu", "CPU (simulated H200 for the GPU side)"
-    elif torch.cuda.is_available():
-        device, device_name = "cuda", torch.cuda.get_device_name(0)
-        torch.cuda.init()
-        torch.cuda.set_device(0)
-    else:
-        print("gpu_lost_time: CUDA not available (use --cpu to rehearse)", file=sys.stderr)
+    picked = pick_device(a.cpu, "gpu_lost_time")
+    if picked is None:
         return 2
+    device, device_name = picked
     cuda = device == "cuda"
     a.checkpoint_mb = a.checkpoint_mb or (4096 if cuda else 128)
     a.batch_mb = a.batch_mb or (512 if cuda else 32)
