@@ -298,6 +298,20 @@ def seconds_of(interval: str) -> float:
     return int(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[match.group(2)]
 
 
+def fleet_scrape_config(port: int, layout: Layout) -> dict[str, Any]:
+    """The scrape job for every node of the fake fleet on ``port``, as shipped:
+    honor_labels false, the cluster a target label."""
+    return {
+        "job_name": "stepscope", "honor_labels": False,
+        "static_configs": [
+            {"targets": [f"127.0.0.1:{port}"],
+             "labels": {"__metrics_path__": f"/node-{i:04d}/metrics",
+                        "instance": f"node-{i:04d}:9400",
+                        "cluster": layout.cluster(i)}}
+            for i in range(layout.nodes)],
+    }  # fmt: skip
+
+
 def start_fleet(template: str, layout: Layout) -> tuple[Any, int, Any]:
     """The fake-target process started and ready: (the process, its port, what it sent
     when ready: the bytes of one node's body)."""
@@ -330,16 +344,7 @@ def run(prometheus: str, template: str, layout: Layout, warmup: float, seconds: 
             "global": {"scrape_interval": interval, "evaluation_interval": interval,
                        "scrape_timeout": f"{min(interval_s, 10):g}s"},
             "rule_files": [str(p) for p in sorted(rules.glob("*.yml"))],
-            "scrape_configs": [{
-                # as shipped: honor_labels false, the cluster a target label
-                "job_name": "stepscope", "honor_labels": False,
-                "static_configs": [
-                    {"targets": [f"127.0.0.1:{fleet_port}"],
-                     "labels": {"__metrics_path__": f"/node-{i:04d}/metrics",
-                                "instance": f"node-{i:04d}:9400",
-                                "cluster": layout.cluster(i)}}
-                    for i in range(layout.nodes)],
-            }, {
+            "scrape_configs": [fleet_scrape_config(fleet_port, layout), {
                 "job_name": "prometheus", "static_configs": [{"targets": [url[7:]]}],
             }],
         }

@@ -32,6 +32,7 @@ import yaml
 from benchmarks._local import free_port, get
 from benchmarks.bench_prometheus_scale import (
     Layout,
+    fleet_scrape_config,
     one_node_exposition,
     seconds_of,
     start_fleet,
@@ -81,15 +82,7 @@ def run(prometheus: str, layout: Layout, interval: str, warmup: float,
         config = {
             "global": {"scrape_interval": interval,
                        "scrape_timeout": f"{min(seconds_of(interval), 10):g}s"},
-            "scrape_configs": [{
-                "job_name": "stepscope", "honor_labels": False,
-                "static_configs": [
-                    {"targets": [f"127.0.0.1:{fleet_port}"],
-                     "labels": {"__metrics_path__": f"/node-{i:04d}/metrics",
-                                "instance": f"node-{i:04d}:9400",
-                                "cluster": layout.cluster(i)}}
-                    for i in range(layout.nodes)],
-            }],
+            "scrape_configs": [fleet_scrape_config(fleet_port, layout)],
             "remote_write": [{"url": f"{central}/api/v1/write",
                               "queue_config": shipped["queue_config"],
                               "write_relabel_configs": shipped["write_relabel_configs"]}],

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -125,3 +126,14 @@ def served_address(line: str) -> str | None:
     if " on http" in line and "/metrics" in line:
         return line.rsplit("://", 1)[1].split("/metrics")[0]
     return None
+
+
+def terminate(proc: subprocess.Popen[Any], timeout: float = 15.0) -> None:
+    """Stop a server process the test started: SIGTERM, then SIGKILL after ``timeout``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

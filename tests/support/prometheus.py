@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import wait_for
+from tests.support.exporter import terminate
 from tests.support.ports import free_port
 from tests.support.tools import prometheus_binary
 
@@ -74,13 +75,7 @@ class Prometheus:
         return body["data"]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.log.close()
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from tests.support.exporter import terminate
 from tests.support.paths import REPO
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
@@ -63,13 +64,7 @@ class Server:
             return False
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.log.close()
 
 
