@@ -6,6 +6,8 @@ that must outlive it (critical XIDs held against a GPU until it is seen reset or
 (:func:`~stepscope.diagnose.engine.diagnose`) and renders the verdict families. Its
 result rides beside the Snapshot it was computed for, so ``/metrics``,
 ``/api/v1/diagnosis`` and ``/`` all show the same verdicts and no request computes any.
+On the passes that make verdicts it also books each job's goodput and badput
+(:class:`~stepscope.diagnose.goodput.GoodputLedger`), with those verdicts.
 
 Above :data:`EVERY_PASS_RANKS` ranks the verdicts are made on the passes a scraper is
 expected to read and at least every :data:`REUSE_SECONDS`; the window and the trackers
@@ -15,6 +17,7 @@ still see every pass (at 512 ranks verdicts cost ~12 ms: every second, 1.2% of a
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from stepscope.core.exposition import Family
 from stepscope.core.registry import Analysis
@@ -22,7 +25,8 @@ from stepscope.core.snapshot import Snapshot
 from stepscope.diagnose.engine import diagnose
 from stepscope.diagnose.faults import FaultTracker, HeldXid
 from stepscope.diagnose.finished import FinishedRank, FinishedTracker
-from stepscope.diagnose.metrics import diagnosis_families
+from stepscope.diagnose.goodput import GoodputLedger
+from stepscope.diagnose.metrics import diagnosis_families, goodput_families
 from stepscope.diagnose.model import Diagnosis
 from stepscope.diagnose.thresholds import Thresholds
 from stepscope.diagnose.window import SnapshotWindow
@@ -48,6 +52,7 @@ class DiagnosisAnalysis(Analysis[Diagnosis]):
         self._finished = FinishedTracker()
         self._held: Mapping[str, HeldXid] = {}
         self._gone: Mapping[tuple[str, int], FinishedRank] = {}
+        self._ledger = GoodputLedger()
 
     def observe(self, snapshot: Snapshot) -> None:
         th = self.thresholds
@@ -57,7 +62,16 @@ class DiagnosisAnalysis(Analysis[Diagnosis]):
 
     def run(self, snapshot: Snapshot) -> Diagnosis:
         self.observe(snapshot)
-        return diagnose(self._window, self.thresholds, self._held, self._gone)
+        diag = diagnose(self._window, self.thresholds, self._held, self._gone)
+        kinds = {
+            (v.subject.job, v.subject.rank): v.kind
+            for v in diag.verdicts
+            if v.subject.rank is not None
+        }
+        books = self._ledger.update(
+            snapshot.part(INGEST_PART), snapshot.monotonic, kinds, self._gone
+        )
+        return replace(diag, goodput=books)
 
     def reuse_for(self, snapshot: Snapshot) -> float:
         training = snapshot.part(INGEST_PART)
@@ -65,4 +79,7 @@ class DiagnosisAnalysis(Analysis[Diagnosis]):
         return REUSE_SECONDS if ranks > EVERY_PASS_RANKS else 0.0
 
     def families(self, result: Diagnosis, snapshot: Snapshot) -> Iterable[Family]:
-        return diagnosis_families(result, snapshot.labels)
+        return [
+            *diagnosis_families(result, snapshot.labels),
+            *goodput_families(result, snapshot.labels),
+        ]

@@ -32,18 +32,28 @@ IDLE_UTIL = 5.0
 
 @dataclass(frozen=True)
 class FinishedRank:
-    """A rank whose training process has ended: since when (monotonic), and how we know."""
+    """A rank whose training process has ended: since when (monotonic), and how we know.
+
+    ``ended``: the last moment (monotonic) the rank is known to have held its GPU: the
+    last pass its process was seen alive, or its last step's end; None: ``since``."""
 
     since: float
     reason: str
     steps: int  # the rank's step count when it was seen finished
+    ended: float | None = None
+
+    @property
+    def held_until(self) -> float:
+        """When the rank stopped holding its GPU, as far as the node can tell."""
+        return self.since if self.ended is None else min(self.ended, self.since)
 
 
 class FinishedTracker:
     """Which ranks have finished, by (job, rank)."""
 
     def __init__(self) -> None:
-        self._alive: dict[tuple[str, int], int] = {}  # pid seen running
+        # pid seen running, and when (monotonic) it was last seen
+        self._alive: dict[tuple[str, int], tuple[int, float]] = {}
         self._finished: dict[tuple[str, int], FinishedRank] = {}
 
     def update(self, snapshot: Snapshot, window: float) -> Mapping[tuple[str, int], FinishedRank]:
@@ -68,12 +78,13 @@ class FinishedTracker:
                     continue
             if r.pid is not None and host is not None:
                 if r.pid in host.processes:
-                    self._alive[key] = r.pid
+                    self._alive[key] = (r.pid, now)
                     continue
-                if self._alive.get(key) == r.pid:
+                alive = self._alive.get(key)
+                if alive is not None and alive[0] == r.pid:
                     del self._alive[key]
                     self._finished[key] = FinishedRank(
-                        now, f"its process (pid {r.pid}) exited", r.steps)
+                        now, f"its process (pid {r.pid}) exited", r.steps, alive[1])
                     continue
             if key in self._alive or r.uuid is None or gpus is None:
                 continue
@@ -88,5 +99,5 @@ class FinishedTracker:
             if used / (used + free) < RELEASED_MEMORY and util < IDLE_UTIL:
                 self._finished[key] = FinishedRank(
                     now, f"no step for {silent:.0f} s and its GPU is idle with its memory "
-                    "released", r.steps)  # fmt: skip
+                    "released", r.steps, now - silent)  # fmt: skip
         return dict(self._finished)

@@ -16,12 +16,14 @@ no ``training_job``, ``rank`` and ``local_rank``.
 
 from __future__ import annotations
 
-from stepscope.core.exposition import GAUGE, Family, join_labels, label_string
+from stepscope.core.exposition import COUNTER, GAUGE, Family, join_labels, label_string
 from stepscope.core.labels import LabelSchema
+from stepscope.diagnose.goodput import BADPUT_TYPES
 from stepscope.diagnose.model import KINDS, MODIFIERS, Diagnosis
 
 _KIND = {k: label_string((("kind", k),)) for k in KINDS}
 _MODIFIER = {m: label_string((("modifier", m),)) for m in MODIFIERS}
+_BADPUT = {b: label_string((("badput_type", b),)) for b in BADPUT_TYPES}
 
 
 def diagnosis_families(diag: Diagnosis, labels: LabelSchema) -> list[Family]:
@@ -54,3 +56,29 @@ def diagnosis_families(diag: Diagnosis, labels: LabelSchema) -> list[Family]:
         diag.window_seconds,
     )
     return [kind, modifier, window]
+
+
+def goodput_families(diag: Diagnosis, labels: LabelSchema) -> list[Family]:
+    """``stepscope_job_goodput_gpu_seconds_total`` and ``..._badput_...{badput_type}``:
+    each training job's GPU-seconds on this node, productive and lost by cause."""
+    goodput = Family(
+        "stepscope_job_goodput_gpu_seconds_total",
+        COUNTER,
+        "GPU-seconds of productive step time of the job's ranks on this node (the step "
+        "body, unless host- or transfer-bound), since the job was first seen here; with "
+        "stepscope_job_badput_gpu_seconds_total it adds up to the time the ranks held "
+        "their GPUs (docs/metrics.md#goodput-and-badput).",
+    )
+    badput = Family(
+        "stepscope_job_badput_gpu_seconds_total",
+        COUNTER,
+        "GPU-seconds the job's ranks on this node held their GPUs without productive "
+        "step time, by cause (" + ", ".join(BADPUT_TYPES) + "); a cause's series "
+        "appears when it first accrues time.",
+    )
+    for j in diag.goodput:
+        lbl = labels.subject(j.job, None, None, None)
+        goodput.add(lbl, j.goodput)
+        for cause, seconds in j.badput:
+            badput.add(join_labels(lbl, _BADPUT[cause]), seconds)
+    return [goodput, badput]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from stepscope.diagnose.thresholds import Thresholds
 
@@ -106,17 +107,45 @@ class Verdict:
         return self.kind == "gpu_fault"
 
 
+class JobGoodput(NamedTuple):
+    """One job's books on this node, in GPU-seconds since it was first seen here.
+
+    ``badput``: (cause, seconds) for the causes that have accrued time, in
+    :data:`BADPUT_TYPES` order. ``pending``: held by its live ranks, not yet explained
+    (the time since each one's last reported step). ``held``: every GPU-second booked
+    or pending, i.e. the time its ranks held their GPUs."""
+
+    job: str
+    goodput: float
+    badput: tuple[tuple[str, float], ...]
+    pending: float
+    ranks: int
+
+    @property
+    def booked(self) -> float:
+        """Goodput and badput together."""
+        return self.goodput + sum(v for _, v in self.badput)
+
+    @property
+    def held(self) -> float:
+        """GPU-seconds held: booked and pending."""
+        return self.booked + self.pending
+
+
 @dataclass(frozen=True)
 class Diagnosis:
     """Every verdict of one pass. ``window_seconds``: the time the window spans;
     ``timestamp``: the wall-clock time of the pass the verdicts are for (at many ranks,
-    an earlier pass than the snapshot served beside it: ``DiagnosisAnalysis``)."""
+    an earlier pass than the snapshot served beside it: ``DiagnosisAnalysis``);
+    ``goodput``: each training job's books on this node
+    (:class:`~stepscope.diagnose.goodput.GoodputLedger`)."""
 
     window_seconds: float
     samples: int
     verdicts: tuple[Verdict, ...] = ()
     thresholds: Thresholds = field(default_factory=Thresholds)
     timestamp: float = 0.0
+    goodput: tuple[JobGoodput, ...] = ()
 
     @property
     def status(self) -> str:

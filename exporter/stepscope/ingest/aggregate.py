@@ -175,6 +175,16 @@ class RankView(NamedTuple):
     # the measured steps' seconds in each named span of SPANS (part of phase "other");
     # None: the rank never named one
     span_seconds: tuple[float, ...] | None = None
+    # seconds of the warm-up steps (compilation, autotuning: the goodput ledger's
+    # ``program_startup``)
+    warmup_seconds: float = 0.0
+    # seconds of measured steps that redo progress a restart lost: steps numbered at or
+    # below the highest step an earlier process of this rank reported (the SDK's
+    # ``start_step`` says where a resumed run starts)
+    redo_seconds: float = 0.0
+    # when this process's state of the rank was made (monotonic receive time): a
+    # restart (takeover) makes a new one, with counters from 0
+    created: float = 0.0
 
     @property
     def measured_steps(self) -> int:
@@ -263,6 +273,12 @@ class _RankState:
     nccl_transport: str | None = None
     native: NativeCounts = field(default_factory=NativeCounts)
     spans: list[float] | None = None  # seconds per SPANS, once the rank names one
+    warmup_seconds: float = 0.0
+    redo_seconds: float = 0.0
+    max_step: int = -1  # the highest step number reported
+    # steps numbered up to this one redo what a restart lost (-1: not a restart)
+    resume_until: int = -1
+    created: float = 0.0
     # (second, flops, first start, last end) per whole second of receive time: the
     # current second a list, updated in place; a complete one a tuple, which the garbage
     # collector stops tracking (at 512 ranks, ~16,000 objects fewer in each collection)
@@ -290,10 +306,15 @@ class _RankState:
             self.nccl_transport = rec.nccl_transport
         self.last_t = rec.t
         self.steps += 1
+        dur = rec.dur
+        if rec.step > self.max_step:
+            self.max_step = rec.step
         if rec.warmup:
             self.warmup_steps += 1
+            self.warmup_seconds += dur
             return
-        dur = rec.dur
+        if rec.step <= self.resume_until:
+            self.redo_seconds += dur
         bucket = bisect_left(STEP_BUCKETS, dur)
         self.buckets[bucket] += 1
         self.dur_sum += dur
@@ -406,6 +427,9 @@ class _RankState:
             self.ident,
             self.native.view(),
             tuple(self.spans) if self.spans is not None else None,
+            self.warmup_seconds,
+            self.redo_seconds,
+            self.created,
         )
 
 
@@ -419,7 +443,9 @@ def _push_extreme(
     extremes.append((sec, value))
 
 
-def _new_rank(rec: StepRecord, uid: int | None, kpid: int, job_state: _JobState) -> _RankState:
+def _new_rank(
+    rec: StepRecord, uid: int | None, kpid: int, job_state: _JobState, now: float
+) -> _RankState:
     """A rank's state from its first step: its identity, its owner and its job."""
     return _RankState(
         rec.job,
@@ -433,6 +459,7 @@ def _new_rank(rec: StepRecord, uid: int | None, kpid: int, job_state: _JobState)
         owner_pid=kpid,
         ident=RankIdentity(rec.job, rec.rank, rec.local_rank, rec.uuid, rec.pid),
         job_state=job_state,
+        created=now,
     )
 
 
@@ -509,14 +536,14 @@ class Aggregator:
                     self._rejected[reason] += 1
                     return reason
                 state = self._ranks[(rec.job, rec.rank)] = _new_rank(
-                    rec, uid, kpid, self._jobs[rec.job]
+                    rec, uid, kpid, self._jobs[rec.job], now
                 )
                 self._jobs[rec.job].ranks += 1
             elif state.owner_uid != uid or (state.owner_pid and kpid != state.owner_pid):
                 if not self._taken_over(state, uid, kpid):
                     self._rejected["not_owner"] += 1
                     return "not_owner"
-                state = self._restart(state, rec, uid, kpid)
+                state = self._restart(state, rec, uid, kpid, now)
             elif not state.same_identity(rec):
                 self._rejected["identity_changed"] += 1
                 return "identity_changed"
@@ -538,13 +565,15 @@ class Aggregator:
         )
 
     def _restart(
-        self, old: _RankState, rec: StepRecord, uid: int | None, kpid: int
+        self, old: _RankState, rec: StepRecord, uid: int | None, kpid: int, now: float
     ) -> _RankState:
         """The rank anew for the process that took it over: counters from 0, identity
-        from its first step, one more restart counted for its job."""
+        from its first step, one more restart counted for its job. Its steps up to the
+        highest number the old process reported redo lost progress."""
         job_state = self._jobs[rec.job]
         job_state.restarts += 1
-        state = self._ranks[(rec.job, rec.rank)] = _new_rank(rec, uid, kpid, job_state)
+        state = self._ranks[(rec.job, rec.rank)] = _new_rank(rec, uid, kpid, job_state, now)
+        state.resume_until = max(old.max_step, old.resume_until)
         log.info(
             "ingest: rank %d of job %r taken over by pid %d: its process (pid %d) has "
             "exited (restart %d of this job here)",

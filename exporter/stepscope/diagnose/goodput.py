@@ -1,0 +1,254 @@
+"""Goodput and badput: where each GPU-second a training job held on this node went.
+
+A rank holds its GPU from the start of its first reported step until its process ends
+(or the ingest forgets it). Every second of that is booked once, to productive step
+time (goodput) or to one cause of loss (badput), in GPU-seconds per job on the node, so
+a job's goodput and badput add up to the time its ranks held their GPUs.
+
+Each pass, the :class:`GoodputLedger` adds the time elapsed to each live rank's
+*pending* time (held, not yet explained) and books what the rank's counters explain
+since the last pass, out of that pending time:
+
+- the measured steps' phases: ``compute`` is goodput (``host_bound`` or
+  ``transfer_bound`` while the rank's verdict says so: the step body ran, the GPU
+  mostly did not), ``data_wait`` is ``data_loading_sync``, ``comm`` is
+  ``exposed_communication``, and ``other`` (time outside the step body) goes to the
+  span the SDK named (``checkpoint`` is ``unproductive_checkpoint_save_time``,
+  ``evaluation``, ``logging``) or to ``other``;
+- warm-up steps (compilation, autotuning, the first steps) are ``program_startup``;
+- steps a restarted process redoes (numbered at or below the highest step its
+  predecessor reported) are ``wasted_progress_from_disruption``, whatever their phases;
+- everything, while the rank's GPU has a hardware fault, is ``hardware_fault``.
+
+A step's time is explained when the step reports, so pending time is about one step
+on a running rank. When the rank ends (its process exits, it stops stepping with its GPU
+released, a restart takes it over, or the ingest forgets it), its pending time is booked
+as ``idle`` (``hardware_fault`` on a faulted GPU): held, and nothing the node saw used it.
+Steps that report more time than has passed since the last pass (a step reported late,
+clocks that differ) are scaled to the pending time, so the books never hold more than
+the wall time.
+
+The cause names follow Google's ml-goodput-measurement ``BadputType`` where they mean
+the same (``DATA_LOADING_SYNC``, ``PROGRAM_STARTUP``, ``UNPRODUCTIVE_CHECKPOINT_SAVE_TIME``,
+``WASTED_PROGRESS_FROM_DISRUPTION``, ``OTHER``), lower-cased; the rest are this
+exporter's. docs/metrics.md#goodput-and-badput has the families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from stepscope.diagnose.finished import FinishedRank
+from stepscope.diagnose.model import JobGoodput
+from stepscope.ingest.aggregate import RankView, TrainingView
+from stepscope.shared.datagram import SPANS
+
+# Every cause of badput, in the order they are served.
+BADPUT_TYPES: tuple[str, ...] = (
+    "data_loading_sync",
+    "exposed_communication",
+    "host_bound",
+    "transfer_bound",
+    "unproductive_checkpoint_save_time",
+    "evaluation",
+    "logging",
+    "other",
+    "program_startup",
+    "idle",
+    "hardware_fault",
+    "wasted_progress_from_disruption",
+)
+# The SDK's named spans between steps (stepscope.shared.datagram.SPANS), as causes.
+SPAN_CAUSES: Mapping[str, str] = {
+    "checkpoint": "unproductive_checkpoint_save_time",
+    "evaluation": "evaluation",
+    "logging": "logging",
+    "other": "other",
+}
+# Verdicts under which a step body's time is lost, not productive.
+BODY_CAUSES: Mapping[str, str] = {"host_bound": "host_bound", "transfer_bound": "transfer_bound"}
+FAULT_KIND = "gpu_fault"
+# A job's books stay served this long after its last rank left the ingest, so the last
+# of its time (booked when its ranks end) is scraped before the series go.
+JOB_LINGER = 300.0
+
+_SPAN_INDEX = tuple(SPAN_CAUSES[name] for name in SPANS)
+_ORDER = {cause: i for i, cause in enumerate(BADPUT_TYPES)}
+
+
+class _Counters(NamedTuple):
+    """What a rank's view says it spent, cumulative (zero for a new book)."""
+
+    phases: tuple[float, float, float, float]
+    spans: tuple[float, ...]
+    warmup: float
+    redo: float
+
+    @classmethod
+    def of(cls, r: RankView) -> _Counters:
+        spans = r.span_seconds if r.span_seconds is not None else (0.0,) * len(SPANS)
+        return cls(tuple(r.phase_seconds), spans, r.warmup_seconds, r.redo_seconds)  # type: ignore[arg-type]
+
+
+_ZERO = _Counters((0.0, 0.0, 0.0, 0.0), (0.0,) * len(SPANS), 0.0, 0.0)
+
+
+@dataclass(slots=True)
+class _Book:
+    """One rank's account: what it has explained so far, and what it holds unexplained."""
+
+    created: float  # the ingest's incarnation of the rank (a restart makes a new one)
+    at: float  # monotonic time up to which held time is counted
+    seen: _Counters = _ZERO
+    pending: float = 0.0
+    kind: str = ""  # its latest verdict
+    ended: bool = False
+
+
+@dataclass(slots=True)
+class _Job:
+    goodput: float = 0.0
+    badput: dict[str, float] = field(default_factory=dict)
+    gone_since: float | None = None
+
+    def add(self, cause: str, seconds: float) -> None:
+        if seconds > 0.0:
+            self.badput[cause] = self.badput.get(cause, 0.0) + seconds
+
+
+def _explained(seen: _Counters, now: _Counters) -> tuple[_Counters, float]:
+    """The counters' rise (never negative) and the seconds it explains."""
+    phases = tuple(max(0.0, b - a) for a, b in zip(seen.phases, now.phases, strict=True))
+    spans = tuple(max(0.0, b - a) for a, b in zip(seen.spans, now.spans, strict=True))
+    d = _Counters(phases, spans, max(0.0, now.warmup - seen.warmup),  # type: ignore[arg-type]
+                  max(0.0, now.redo - seen.redo))  # fmt: skip
+    return d, sum(phases) + d.warmup
+
+
+def _book(job: _Job, d: _Counters, seconds: float, kind: str) -> None:
+    """Book ``seconds`` of explained time in the proportions of the rise ``d``."""
+    total = sum(d.phases) + d.warmup
+    if seconds <= 0.0 or total <= 0.0:
+        return
+    f = seconds / total
+    if kind == FAULT_KIND:
+        job.add("hardware_fault", seconds)
+        return
+    job.add("program_startup", d.warmup * f)
+    measured = sum(d.phases)
+    redo = min(d.redo, measured)
+    job.add("wasted_progress_from_disruption", redo * f)
+    keep = f * (1.0 - redo / measured) if measured > 0.0 else 0.0
+    data, compute, comm, other = d.phases
+    job.add("data_loading_sync", data * keep)
+    job.add("exposed_communication", comm * keep)
+    body = BODY_CAUSES.get(kind)
+    if body is None:
+        job.goodput += compute * keep
+    else:
+        job.add(body, compute * keep)
+    named = sum(d.spans)
+    scale = min(1.0, other / named) if named > 0.0 else 0.0  # spans are part of "other"
+    for cause, s in zip(_SPAN_INDEX, d.spans, strict=True):
+        job.add(cause, s * scale * keep)
+    job.add("other", (other - named * scale) * keep)
+
+
+class GoodputLedger:
+    """Books every live rank's held time per pass (sampler thread only; O(ranks))."""
+
+    def __init__(self) -> None:
+        self._books: dict[tuple[str, int], _Book] = {}
+        self._jobs: dict[str, _Job] = {}
+
+    def update(
+        self,
+        training: TrainingView | None,
+        now: float,
+        kinds: Mapping[tuple[str, int], str],
+        finished: Mapping[tuple[str, int], FinishedRank],
+    ) -> tuple[JobGoodput, ...]:
+        """Fold in the pass at monotonic ``now``: ``kinds``, each rank's verdict kind;
+        ``finished``, the ranks whose process has ended. Returns every job's books."""
+        ranks: Sequence[RankView] = training.ranks if training is not None else ()
+        present: set[tuple[str, int]] = set()
+        for r in ranks:
+            key = (r.job, r.rank)
+            present.add(key)
+            job = self._jobs.get(r.job)
+            if job is None:
+                job = self._jobs[r.job] = _Job()
+            job.gone_since = None
+            self._update_rank(key, r, job, now, kinds.get(key, ""), finished.get(key))
+        for key in [k for k in self._books if k not in present]:  # forgotten by the ingest
+            book = self._books.pop(key)
+            self._end(book, self._jobs[key[0]], now)
+        return self._views(now)
+
+    def _update_rank(
+        self, key: tuple[str, int], r: RankView, job: _Job, now: float, kind: str,
+        mark: FinishedRank | None,
+    ) -> None:  # fmt: skip
+        book = self._books.get(key)
+        counters = _Counters.of(r)
+        if book is not None and book.created != r.created:  # a restart took the rank over
+            self._end(book, job, book.at)
+            book = None
+        fresh = book is None or (book.ended and mark is None)  # new, or stepping again
+        if book is None:
+            book = self._books[key] = _Book(r.created, now)
+        if book.ended and mark is not None:
+            book.seen = counters  # ended: nothing more is held
+            return
+        d, total = _explained(book.seen, counters)
+        if fresh:  # what it reports now was held before we saw it: explained by definition
+            book.ended = False
+            book.at = now
+            book.pending = total
+        else:
+            until = now if mark is None else max(book.at, mark.held_until)
+            book.pending += until - book.at
+            book.at = until
+        if kind:
+            book.kind = kind
+        booked = min(total, book.pending)
+        _book(job, d, booked, book.kind)
+        book.pending -= booked
+        book.seen = counters
+        if mark is not None:
+            # time already counted past the end it was held until is not held
+            book.pending = max(0.0, book.pending - max(0.0, book.at - mark.held_until))
+            self._end(book, job, book.at)
+
+    @staticmethod
+    def _end(book: _Book, job: _Job, until: float) -> None:
+        """The rank no longer holds its GPU: its unexplained time is idle (or lost to
+        the GPU's fault)."""
+        if book.ended:
+            return
+        book.pending += max(0.0, until - book.at)
+        job.add("hardware_fault" if book.kind == FAULT_KIND else "idle", book.pending)
+        book.pending = 0.0
+        book.ended = True
+
+    def _views(self, now: float) -> tuple[JobGoodput, ...]:
+        pending: dict[str, float] = {}
+        live: dict[str, int] = {}
+        for (name, _), book in self._books.items():
+            live[name] = live.get(name, 0) + (0 if book.ended else 1)
+            pending[name] = pending.get(name, 0.0) + book.pending
+        out = []
+        for name in sorted(self._jobs):
+            job = self._jobs[name]
+            if name not in live:
+                if job.gone_since is None:
+                    job.gone_since = now
+                elif now - job.gone_since >= JOB_LINGER:
+                    del self._jobs[name]
+                    continue
+            badput = tuple(sorted(job.badput.items(), key=lambda kv: _ORDER[kv[0]]))
+            out.append(JobGoodput(name, job.goodput, badput, pending.get(name, 0.0),
+                                  live.get(name, 0)))  # fmt: skip
+        return tuple(out)

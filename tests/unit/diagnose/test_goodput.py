@@ -1,0 +1,207 @@
+"""The goodput ledger: every GPU-second a rank held booked once, to goodput or to one
+cause of badput, from the real aggregator's views on a manual clock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stepscope.diagnose.finished import FinishedRank
+from stepscope.diagnose.goodput import BADPUT_TYPES, GoodputLedger
+from stepscope.diagnose.model import JobGoodput
+from stepscope.ingest.aggregate import Aggregator, Sender
+from stepscope.shared.datagram import SPANS, StepRecord
+from tests.support.clocks import ManualClock
+
+OWNER = Sender(1000, 1000, 100)
+
+
+def record(step: int, t: float, **changes: Any) -> StepRecord:
+    fields: dict[str, Any] = dict(
+        job="llama", rank=0, local_rank=0, step=step, t=t, dur=1.0, data_wait=0.1,
+        compute=0.7, comm=0.1, other=0.1, warmup=False, tokens=100, flops=1e12,
+        precision="bf16", world_size=1, pid=100, uuid="GPU-a", dropped=0,
+    )
+    fields.update(changes)
+    return StepRecord(**fields)
+
+
+class Run:
+    """One aggregator and one ledger on one clock: steps are received as they end."""
+
+    def __init__(self, exited: set[int] | None = None) -> None:
+        self.clock = ManualClock(5000.0)
+        self.exited = exited if exited is not None else set()
+        self.agg = Aggregator(clock=self.clock, process_exited=self.exited.__contains__)
+        self.ledger = GoodputLedger()
+        self.kinds: dict[tuple[str, int], str] = {}
+        self.finished: dict[tuple[str, int], FinishedRank] = {}
+        self.books: tuple[JobGoodput, ...] = ()
+
+    def step(self, step: int, sender: Sender = OWNER, **changes: Any) -> None:
+        dur = changes.get("dur", 1.0)
+        self.clock.t += dur
+        assert self.agg.add(record(step, self.clock(), **changes), sender) is None
+
+    def tick(self) -> JobGoodput:
+        self.books = self.ledger.update(self.agg.view(), self.clock(), self.kinds, self.finished)
+        (job,) = self.books
+        return job
+
+
+def causes(job: JobGoodput) -> dict[str, float]:
+    return dict(job.badput)
+
+
+def test_a_healthy_rank_books_its_phases_and_adds_up_to_the_time_held() -> None:
+    run = Run()
+    run.step(0)
+    job = run.tick()  # first sight: the step reported was held before
+    for i in range(1, 100):
+        run.step(i)
+        job = run.tick()
+    assert job.goodput == pytest.approx(70.0)
+    assert causes(job) == pytest.approx(
+        {"data_loading_sync": 10.0, "exposed_communication": 10.0, "other": 10.0})
+    assert job.held == pytest.approx(100.0)  # 100 steps of 1 s, from the first one's start
+    assert job.pending == pytest.approx(0.0, abs=1e-9)
+    assert job.ranks == 1
+
+
+def test_time_between_reports_is_pending_until_a_step_explains_it() -> None:
+    run = Run()
+    run.step(0)
+    run.tick()
+    run.clock.t += 0.5
+    job = run.tick()
+    assert job.pending == pytest.approx(0.5) and job.booked == pytest.approx(1.0)
+    # the next step took 30 s, most of it a checkpoint save named by the SDK
+    run.clock.t += 29.5  # 30 s after the last report in all
+    assert run.agg.add(record(1, run.clock(), dur=30.0, data_wait=0.0, compute=1.0,
+                              comm=0.0, other=29.0, spans=(25.0, 0.0, 0.0, 0.0)),
+                       OWNER) is None  # fmt: skip
+    job = run.tick()
+    assert causes(job)["unproductive_checkpoint_save_time"] == pytest.approx(25.0)
+    assert causes(job)["other"] == pytest.approx(0.1 + 4.0)
+    assert job.held == pytest.approx(31.0) and job.pending == pytest.approx(0.0, abs=1e-9)
+    assert "idle" not in causes(job)
+
+
+@pytest.mark.parametrize(("kind", "cause"), [("host_bound", "host_bound"),
+                                             ("transfer_bound", "transfer_bound")])
+def test_the_step_body_of_a_host_or_transfer_bound_rank_is_badput(kind: str, cause: str) -> None:
+    run = Run()
+    run.kinds[("llama", 0)] = kind
+    for i in range(10):
+        run.step(i)
+        job = run.tick()
+    assert job.goodput == 0.0
+    assert causes(job)[cause] == pytest.approx(7.0)
+    assert job.held == pytest.approx(10.0)
+
+
+def test_warm_up_steps_are_program_startup() -> None:
+    run = Run()
+    run.step(0, warmup=True, dur=20.0)  # compilation in the first step
+    run.step(1, warmup=True, dur=2.0)
+    run.tick()
+    for i in range(2, 12):
+        run.step(i)
+        job = run.tick()
+    assert causes(job)["program_startup"] == pytest.approx(22.0)
+    assert job.goodput == pytest.approx(7.0)
+    assert job.held == pytest.approx(32.0)
+
+
+def test_a_fault_books_everything_to_hardware_fault_and_its_unexplained_end_too() -> None:
+    run = Run()
+    for i in range(5):
+        run.step(i)
+        run.tick()
+    run.kinds[("llama", 0)] = "gpu_fault"
+    run.step(5)
+    run.tick()
+    run.clock.t += 40.0  # the rank hangs on its fallen GPU, then its process dies
+    run.tick()
+    run.finished[("llama", 0)] = FinishedRank(run.clock(), "exited", 6, run.clock() - 10.0)
+    job = run.tick()
+    # step 5 (1 s) and the 30 s it was held silent before its process was last seen
+    assert causes(job)["hardware_fault"] == pytest.approx(31.0)
+    assert job.goodput == pytest.approx(3.5)
+    assert job.held == pytest.approx(36.0) and job.pending == 0.0 and job.ranks == 0
+    run.clock.t += 60.0
+    assert run.tick() == job  # ended: nothing more is held
+
+
+def test_a_rank_whose_process_ended_books_its_last_unexplained_time_as_idle() -> None:
+    run = Run()
+    for i in range(10):
+        run.step(i)
+        run.tick()
+    run.clock.t += 3.0  # an unreported final save, then the process exits
+    run.tick()
+    run.clock.t += 1.0
+    run.finished[("llama", 0)] = FinishedRank(run.clock(), "exited", 10, run.clock() - 1.0)
+    job = run.tick()
+    assert causes(job)["idle"] == pytest.approx(3.0)  # up to when it was last seen alive
+    assert job.held == pytest.approx(13.0)
+
+
+def test_a_restart_redoes_lost_steps_as_wasted_progress() -> None:
+    exited: set[int] = set()
+    run = Run(exited)
+    for i in range(100):  # steps 0..99; the last checkpoint was at step 80
+        run.step(i)
+        run.tick()
+    exited.add(100)  # it crashes; the new process resumes from step 81 (start_step=81)
+    run.clock.t += 5.0
+    run.tick()
+    new = Sender(1000, 1000, 200)
+    run.step(81, sender=new, pid=200, warmup=True, dur=10.0)
+    job = run.tick()
+    assert causes(job)["idle"] == pytest.approx(5.0)  # the old rank's end, unexplained
+    for i in range(82, 130):
+        run.step(i, sender=new, pid=200)
+        job = run.tick()
+    # steps 82..99 redo what was lost: 18 steps of 1 s, whatever their phases
+    assert causes(job)["wasted_progress_from_disruption"] == pytest.approx(18.0)
+    assert causes(job)["program_startup"] == pytest.approx(10.0)
+    assert job.goodput == pytest.approx(0.7 * (100 + 30))
+    assert job.held == pytest.approx(100 + 5 + 10 + 48)
+    assert run.agg.view().jobs[0].restarts == 1
+
+
+def test_steps_reporting_more_than_the_time_passed_never_book_more_than_wall_time() -> None:
+    run = Run()
+    run.step(0)
+    run.tick()
+    for i in range(1, 21):  # each step claims 2 s but arrives 1 s after the last
+        run.clock.t += 1.0
+        assert run.agg.add(record(i, run.clock(), dur=2.0, data_wait=0.0, compute=2.0,
+                                  comm=0.0, other=0.0), OWNER) is None  # fmt: skip
+        job = run.tick()
+    assert job.held == pytest.approx(21.0)
+    assert job.goodput <= 21.0
+
+
+def test_a_forgotten_job_lingers_then_goes() -> None:
+    run = Run()
+    for i in range(3):
+        run.step(i)
+        run.tick()
+    run.clock.t += 301.0  # rank_expiry: the ingest forgets the rank
+    job = run.tick()
+    assert causes(job)["idle"] == pytest.approx(301.0)  # held, silent, then forgotten
+    assert job.ranks == 0
+    run.clock.t += 299.0
+    assert run.ledger.update(run.agg.view(), run.clock(), {}, {}) != ()
+    run.clock.t += 2.0
+    assert run.ledger.update(run.agg.view(), run.clock(), {}, {}) == ()
+
+
+def test_every_cause_is_named_once_and_every_span_has_one() -> None:
+    from stepscope.diagnose.goodput import SPAN_CAUSES
+
+    assert len(set(BADPUT_TYPES)) == len(BADPUT_TYPES)
+    assert set(SPAN_CAUSES) == set(SPANS) and set(SPAN_CAUSES.values()) <= set(BADPUT_TYPES)
