@@ -69,7 +69,8 @@ class DiagnosisAnalysis(Analysis[Diagnosis]):
             if v.subject.rank is not None
         }
         books = self._ledger.update(
-            snapshot.part(INGEST_PART), snapshot.monotonic, kinds, self._gone
+            snapshot.part(INGEST_PART), snapshot.monotonic, snapshot.timestamp, kinds,
+            self._gone,
         )
         return replace(diag, goodput=books)
 

@@ -9,14 +9,15 @@ just be slow; the diagnosis tells an ended run apart sooner, from what the node 
   window while the rank's GPU is idle and its framebuffer released: a hung process
   still holds its memory, an ended one does not.
 
-A rank that steps again is live again. :class:`FinishedTracker` keeps this across
-passes (sampler thread only); per pass O(ranks).
+A rank that steps again is live again (but steps its exited process sent just before it
+ended, received after the exit was seen, leave it finished). :class:`FinishedTracker`
+keeps this across passes (sampler thread only); per pass O(ranks).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stepscope.core.snapshot import Snapshot
 from stepscope.gpu.model import GPU_PART
@@ -34,13 +35,16 @@ IDLE_UTIL = 5.0
 class FinishedRank:
     """A rank whose training process has ended: since when (monotonic), and how we know.
 
-    ``ended``: the last moment (monotonic) the rank is known to have held its GPU: the
-    last pass its process was seen alive, or its last step's end; None: ``since``."""
+    ``ended``: when (monotonic) the rank stopped holding its GPU, as well as the node
+    can tell: halfway between the last pass that saw its process and the first that did
+    not (but not before its last step's end), or its last step's end when no process
+    was seen; None: ``since``."""
 
     since: float
     reason: str
     steps: int  # the rank's step count when it was seen finished
     ended: float | None = None
+    pid: int | None = None  # the process seen exiting (the pid rule)
 
     @property
     def held_until(self) -> float:
@@ -72,10 +76,14 @@ class FinishedTracker:
         for key, r in present.items():
             mark = self._finished.get(key)
             if mark is not None:
-                if r.steps > mark.steps or r.steps < mark.steps:  # stepping, or restarted
-                    del self._finished[key]
-                else:
+                if r.steps == mark.steps:
                     continue
+                if (r.steps > mark.steps and mark.pid is not None and r.pid == mark.pid
+                        and (host is None or r.pid not in host.processes)):
+                    # the last steps its process sent before it exited, received late
+                    self._finished[key] = replace(mark, steps=r.steps)
+                    continue
+                del self._finished[key]  # stepping again, or restarted
             if r.pid is not None and host is not None:
                 if r.pid in host.processes:
                     self._alive[key] = (r.pid, now)
@@ -83,8 +91,12 @@ class FinishedTracker:
                 alive = self._alive.get(key)
                 if alive is not None and alive[0] == r.pid:
                     del self._alive[key]
+                    # it exited between the pass that last saw it and this one (the
+                    # middle, as the estimate), and not before its last step's end
+                    last_step = now - max(0.0, snapshot.timestamp - r.last_step_timestamp)
                     self._finished[key] = FinishedRank(
-                        now, f"its process (pid {r.pid}) exited", r.steps, alive[1])
+                        now, f"its process (pid {r.pid}) exited", r.steps,
+                        max((alive[1] + now) / 2, last_step), r.pid)  # fmt: skip
                     continue
             if key in self._alive or r.uuid is None or gpus is None:
                 continue

@@ -73,9 +73,11 @@ FAULT_KIND = "gpu_fault"
 # A job's books stay served this long after its last rank left the ingest, so the last
 # of its time (booked when its ranks end) is scraped before the series go.
 JOB_LINGER = 300.0
+# A rank seen ended is closed this long after: its last datagrams, sent just before its
+# process exited, may be aggregated after the pass that saw the exit.
+END_GRACE = 1.0
 
 _SPAN_INDEX = tuple(SPAN_CAUSES[name] for name in SPANS)
-_ORDER = {cause: i for i, cause in enumerate(BADPUT_TYPES)}
 
 
 class _Counters(NamedTuple):
@@ -167,11 +169,16 @@ class GoodputLedger:
         self,
         training: TrainingView | None,
         now: float,
+        wall: float,
         kinds: Mapping[tuple[str, int], str],
         finished: Mapping[tuple[str, int], FinishedRank],
     ) -> tuple[JobGoodput, ...]:
-        """Fold in the pass at monotonic ``now``: ``kinds``, each rank's verdict kind;
-        ``finished``, the ranks whose process has ended. Returns every job's books."""
+        """Fold in the pass at monotonic ``now`` (Unix time ``wall``): ``kinds``, each
+        rank's verdict kind; ``finished``, the ranks whose process has ended. Returns
+        every job's books.
+
+        A job first seen on this pass is served at zero and booked from the next: a
+        counter whose series is born at a value loses that value to ``rate()``."""
         ranks: Sequence[RankView] = training.ranks if training is not None else ()
         present: set[tuple[str, int]] = set()
         for r in ranks:
@@ -179,17 +186,18 @@ class GoodputLedger:
             present.add(key)
             job = self._jobs.get(r.job)
             if job is None:
-                job = self._jobs[r.job] = _Job()
+                self._jobs[r.job] = _Job()
+                continue
             job.gone_since = None
-            self._update_rank(key, r, job, now, kinds.get(key, ""), finished.get(key))
+            self._update_rank(key, r, job, now, wall, kinds.get(key, ""), finished.get(key))
         for key in [k for k in self._books if k not in present]:  # forgotten by the ingest
             book = self._books.pop(key)
             self._end(book, self._jobs[key[0]], now)
         return self._views(now)
 
     def _update_rank(
-        self, key: tuple[str, int], r: RankView, job: _Job, now: float, kind: str,
-        mark: FinishedRank | None,
+        self, key: tuple[str, int], r: RankView, job: _Job, now: float, wall: float,
+        kind: str, mark: FinishedRank | None,
     ) -> None:  # fmt: skip
         book = self._books.get(key)
         counters = _Counters.of(r)
@@ -203,10 +211,10 @@ class GoodputLedger:
             book.seen = counters  # ended: nothing more is held
             return
         d, total = _explained(book.seen, counters)
-        if fresh:  # what it reports now was held before we saw it: explained by definition
+        if fresh:  # held from its first reported step's start: those steps, and since
             book.ended = False
             book.at = now
-            book.pending = total
+            book.pending = total + max(0.0, wall - r.last_step_timestamp)
         else:
             until = now if mark is None else max(book.at, mark.held_until)
             book.pending += until - book.at
@@ -220,7 +228,9 @@ class GoodputLedger:
         if mark is not None:
             # time already counted past the end it was held until is not held
             book.pending = max(0.0, book.pending - max(0.0, book.at - mark.held_until))
-            self._end(book, job, book.at)
+            book.at = min(book.at, mark.held_until)
+            if now - mark.since >= END_GRACE:
+                self._end(book, job, book.at)
 
     @staticmethod
     def _end(book: _Book, job: _Job, until: float) -> None:
@@ -248,7 +258,7 @@ class GoodputLedger:
                 elif now - job.gone_since >= JOB_LINGER:
                     del self._jobs[name]
                     continue
-            badput = tuple(sorted(job.badput.items(), key=lambda kv: _ORDER[kv[0]]))
+            badput = tuple((cause, job.badput.get(cause, 0.0)) for cause in BADPUT_TYPES)
             out.append(JobGoodput(name, job.goodput, badput, pending.get(name, 0.0),
                                   live.get(name, 0)))  # fmt: skip
         return tuple(out)

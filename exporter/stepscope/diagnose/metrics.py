@@ -73,8 +73,8 @@ def goodput_families(diag: Diagnosis, labels: LabelSchema) -> list[Family]:
         "stepscope_job_badput_gpu_seconds_total",
         COUNTER,
         "GPU-seconds the job's ranks on this node held their GPUs without productive "
-        "step time, by cause (" + ", ".join(BADPUT_TYPES) + "); a cause's series "
-        "appears when it first accrues time.",
+        "step time, by cause (" + ", ".join(BADPUT_TYPES) + "); every cause from the "
+        "job's first pass on the node, at 0 until it accrues (rate() needs the zero).",
     )
     for j in diag.goodput:
         lbl = labels.subject(j.job, None, None, None)

@@ -110,10 +110,10 @@ class Verdict:
 class JobGoodput(NamedTuple):
     """One job's books on this node, in GPU-seconds since it was first seen here.
 
-    ``badput``: (cause, seconds) for the causes that have accrued time, in
-    :data:`BADPUT_TYPES` order. ``pending``: held by its live ranks, not yet explained
-    (the time since each one's last reported step). ``held``: every GPU-second booked
-    or pending, i.e. the time its ranks held their GPUs."""
+    ``badput``: (cause, seconds) for every cause of
+    :data:`~stepscope.diagnose.goodput.BADPUT_TYPES`, in that order (0: none yet).
+    ``pending``: held by its live ranks, not yet explained (the time since each one's
+    last reported step). ``ranks``: its live ranks."""
 
     job: str
     goodput: float

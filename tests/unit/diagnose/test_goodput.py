@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from stepscope.diagnose.finished import FinishedRank
-from stepscope.diagnose.goodput import BADPUT_TYPES, GoodputLedger
+from stepscope.diagnose.goodput import BADPUT_TYPES, END_GRACE, GoodputLedger
 from stepscope.diagnose.model import JobGoodput
 from stepscope.ingest.aggregate import Aggregator, Sender
 from stepscope.shared.datagram import SPANS, StepRecord
@@ -45,13 +45,16 @@ class Run:
         assert self.agg.add(record(step, self.clock(), **changes), sender) is None
 
     def tick(self) -> JobGoodput:
-        self.books = self.ledger.update(self.agg.view(), self.clock(), self.kinds, self.finished)
+        self.books = self.ledger.update(
+            self.agg.view(), self.clock(), self.clock(), self.kinds, self.finished)
         (job,) = self.books
         return job
 
 
 def causes(job: JobGoodput) -> dict[str, float]:
-    return dict(job.badput)
+    """The causes that have accrued time (every cause is served, at 0 until then)."""
+    assert [c for c, _ in job.badput] == list(BADPUT_TYPES)
+    return {c: v for c, v in job.badput if v > 0.0}
 
 
 def test_a_healthy_rank_books_its_phases_and_adds_up_to_the_time_held() -> None:
@@ -126,6 +129,9 @@ def test_a_fault_books_everything_to_hardware_fault_and_its_unexplained_end_too(
     run.tick()
     run.finished[("llama", 0)] = FinishedRank(run.clock(), "exited", 6, run.clock() - 10.0)
     job = run.tick()
+    assert "hardware_fault" in causes(job) and job.ranks == 1  # closed after a grace
+    run.clock.t += END_GRACE
+    job = run.tick()
     # step 5 (1 s) and the 30 s it was held silent before its process was last seen
     assert causes(job)["hardware_fault"] == pytest.approx(31.0)
     assert job.goodput == pytest.approx(3.5)
@@ -139,12 +145,21 @@ def test_a_rank_whose_process_ended_books_its_last_unexplained_time_as_idle() ->
     for i in range(10):
         run.step(i)
         run.tick()
-    run.clock.t += 3.0  # an unreported final save, then the process exits
+    run.clock.t += 3.0  # a final save (reported late), then the process exits
     run.tick()
     run.clock.t += 1.0
     run.finished[("llama", 0)] = FinishedRank(run.clock(), "exited", 10, run.clock() - 1.0)
+    run.tick()
+    # its last step, sent just before it exited, aggregated after the exit was seen
+    run.clock.t += 0.5
+    assert run.agg.add(record(10, run.clock() - 2.0, dur=2.0, data_wait=0.0, compute=0.0,
+                              comm=0.0, other=2.0, spans=(2.0, 0.0, 0.0, 0.0)),
+                       OWNER) is None  # fmt: skip
+    run.tick()
+    run.clock.t += END_GRACE
     job = run.tick()
-    assert causes(job)["idle"] == pytest.approx(3.0)  # up to when it was last seen alive
+    assert causes(job)["unproductive_checkpoint_save_time"] == pytest.approx(2.0)
+    assert causes(job)["idle"] == pytest.approx(1.0)  # up to when it was last seen alive
     assert job.held == pytest.approx(13.0)
 
 
@@ -174,15 +189,16 @@ def test_a_restart_redoes_lost_steps_as_wasted_progress() -> None:
 
 def test_steps_reporting_more_than_the_time_passed_never_book_more_than_wall_time() -> None:
     run = Run()
-    run.step(0)
-    run.tick()
-    for i in range(1, 21):  # each step claims 2 s but arrives 1 s after the last
+    for i in range(2):
+        run.step(i)
+        run.tick()
+    for i in range(2, 22):  # each step claims 2 s but arrives 1 s after the last
         run.clock.t += 1.0
         assert run.agg.add(record(i, run.clock(), dur=2.0, data_wait=0.0, compute=2.0,
                                   comm=0.0, other=0.0), OWNER) is None  # fmt: skip
         job = run.tick()
-    assert job.held == pytest.approx(21.0)
-    assert job.goodput <= 21.0
+    assert job.held == pytest.approx(22.0)  # from the first step's start
+    assert job.goodput == pytest.approx(22.0 - 0.3 * 2)
 
 
 def test_a_forgotten_job_lingers_then_goes() -> None:
@@ -195,9 +211,9 @@ def test_a_forgotten_job_lingers_then_goes() -> None:
     assert causes(job)["idle"] == pytest.approx(301.0)  # held, silent, then forgotten
     assert job.ranks == 0
     run.clock.t += 299.0
-    assert run.ledger.update(run.agg.view(), run.clock(), {}, {}) != ()
+    assert run.ledger.update(run.agg.view(), run.clock(), run.clock(), {}, {}) != ()
     run.clock.t += 2.0
-    assert run.ledger.update(run.agg.view(), run.clock(), {}, {}) == ()
+    assert run.ledger.update(run.agg.view(), run.clock(), run.clock(), {}, {}) == ()
 
 
 def test_every_cause_is_named_once_and_every_span_has_one() -> None:

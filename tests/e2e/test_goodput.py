@@ -1,0 +1,153 @@
+"""Goodput and badput of real SDK loops, booked by a real exporter.
+
+Each loop is the SDK as a script uses it (no torch: sleeps stand in for the loader, the
+step body, checkpoint saves and evaluation), reporting over the exporter's Unix socket,
+and measures its own time in each part with its own clock. Once its process has exited,
+the exporter's books for the job must add up to the time the loop held its GPU (from its
+first step's start to its exit) within 1%, and each cause must be what the loop measured.
+A restarted loop that resumes from an earlier step books the steps it redoes as
+``wasted_progress_from_disruption``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from stepscope.diagnose.goodput import END_GRACE
+from tests.support import REPO, Exporter, parse_samples, start_exporter
+
+LOOP = """
+import json, sys, time
+from stepscope.train import StepReporter
+job, steps, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+mine = dict(data=0.0, compute=0.0, checkpoint=0.0, evaluation=0.0)
+clock = time.monotonic
+
+def loader():
+    while True:
+        t = clock(); time.sleep(0.02); mine["data"] += clock() - t
+        yield 0
+
+rep = StepReporter(job, warmup_steps=2, cuda=False, start_step=start)
+t0 = clock()
+batches = rep.timed(loader())
+for i in range(start, start + steps):
+    next(batches)
+    with rep.step(tokens=1024):
+        t = clock(); time.sleep(0.05); mine["compute"] += clock() - t
+    if i % 10 == 9:
+        with rep.phase("checkpoint"):
+            t = clock(); time.sleep(0.3); mine["checkpoint"] += clock() - t
+    if i % 20 == 19:
+        with rep.phase("evaluation"):
+            t = clock(); time.sleep(0.2); mine["evaluation"] += clock() - t
+next(batches)  # the batch the next step would have used: its wait ends with no step
+with rep.step(tokens=1024):
+    time.sleep(0.05)
+rep.close()
+print(json.dumps(dict(mine, t0=t0)), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Exporter, str]]:
+    tmp = tmp_path_factory.mktemp("goodput")
+    sock = f"unix://{tmp / 'ingest.sock'}"
+    cfg = tmp / "stepscope.yaml"
+    cfg.write_text(f"interval: 0.1\nslow_interval: 1\nsimulate: 1\ningest: {sock}\n")
+    exp = start_exporter(["--config", str(cfg)])
+    yield exp, sock
+    exp.stop()
+
+
+def _run(sock: str, job: str, steps: int, start: int = 0) -> dict[str, float]:
+    """The loop, to its end: what it measured of itself, and ``held``: from its first
+    step's start to its exit (time.monotonic is one clock for every process here)."""
+    out = subprocess.run(
+        [sys.executable, "-c", LOOP, job, str(steps), str(start)],
+        cwd=REPO, env={**os.environ, "STEPSCOPE_INGEST": sock},
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    mine: dict[str, float] = json.loads(out.stdout)
+    mine["held"] = time.monotonic() - mine["t0"]
+    return mine
+
+
+def _books(exp: Exporter, job: str) -> dict[str, float]:
+    """The job's goodput (key ``goodput``) and badput by type, from /metrics."""
+    _, _, body = exp.get("/metrics")
+    books: dict[str, float] = {}
+    samples = parse_samples(body.decode())
+    for labels, value in samples.get("stepscope_job_goodput_gpu_seconds_total", []):
+        if labels.get("training_job") == job:
+            books["goodput"] = value
+    for labels, value in samples.get("stepscope_job_badput_gpu_seconds_total", []):
+        if labels.get("training_job") == job:
+            books[labels["badput_type"]] = value
+    return books
+
+
+def _settled(exp: Exporter, job: str) -> dict[str, float]:
+    """The books once the job's end is booked: its rank reads ``finished``, and the
+    ledger closes a finished rank a grace period later (late datagrams)."""
+    deadline = time.monotonic() + 20.0
+    while time.monotonic() < deadline:
+        _, _, body = exp.get("/api/v1/diagnosis")
+        kinds = {v["kind"] for v in json.loads(body)["verdicts"] if v["subject"]["job"] == job}
+        if kinds == {"finished"}:
+            time.sleep(END_GRACE + 0.5)
+            return _books(exp, job)
+        time.sleep(0.1)
+    raise AssertionError(f"the job never read finished: {kinds}")
+
+
+def test_a_jobs_books_add_up_to_the_time_it_held_its_gpu_within_one_percent(
+    exporter: tuple[Exporter, str],
+) -> None:
+    exp, sock = exporter
+    mine = _run(sock, "goodput-sum", steps=120)
+    books = _settled(exp, "goodput-sum")
+    total = sum(books.values())
+    assert total == pytest.approx(mine["held"], rel=0.01), f"{books} {mine}"
+    # each cause is what the loop measured of itself (the loop's own overhead, ~1 ms a
+    # step, lands in "other" and "compute")
+    assert books["unproductive_checkpoint_save_time"] == pytest.approx(
+        mine["checkpoint"], rel=0.05)
+    assert books["evaluation"] == pytest.approx(mine["evaluation"], rel=0.05)
+    # two warm-up steps (their loader waits included) are program startup
+    assert 0.1 <= books["program_startup"] <= 0.25
+    measured = 120 - 2 + 1
+    assert books["data_loading_sync"] == pytest.approx(0.02 * measured, rel=0.25)
+    assert books["goodput"] == pytest.approx(0.05 * measured, rel=0.25)
+    # from the last step's end to the exit seen (a pass is 0.1 s)
+    assert books["idle"] < 0.3
+    assert books["wasted_progress_from_disruption"] == 0.0  # served, at zero
+
+
+def test_a_restart_that_resumes_from_an_earlier_step_books_the_redone_steps(
+    exporter: tuple[Exporter, str],
+) -> None:
+    exp, sock = exporter
+    first = _run(sock, "goodput-restart", steps=80)  # steps 0..80, then it "crashes"
+    _settled(exp, "goodput-restart")
+    # resumed from the checkpoint of step 59: steps 60..80 are done again
+    second = _run(sock, "goodput-restart", steps=40, start=60)
+    books = _settled(exp, "goodput-restart")
+    # the new process's steps 62..80 (its two warm-up steps are startup): 19 steps of
+    # ~0.075 s, with the checkpoints after steps 69 and 79 and the evaluation after 79
+    wasted = books["wasted_progress_from_disruption"]
+    assert 19 * 0.07 + 0.8 <= wasted <= 19 * 0.08 + 0.8 + 0.1, books
+    total = sum(books.values())
+    held = first["held"] + second["held"]
+    assert total == pytest.approx(held, rel=0.01), f"{books} {first} {second}"
+    _, _, body = exp.get("/metrics")
+    restarts = [v for lbl, v in parse_samples(body.decode())["stepscope_training_restarts_total"]
+                if lbl.get("training_job") == "goodput-restart"]  # fmt: skip
+    assert restarts == [1.0]
