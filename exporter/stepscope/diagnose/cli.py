@@ -64,7 +64,9 @@ def add_commands(sub: Any) -> None:
         "diagnose",
         help="print the bottleneck verdicts (local exporter, or the fleet via Prometheus)",
         description="Print one row per training rank and GPU: activity, step time, phases, "
-        "MFU, verdict and advice. Exit 0 healthy, 1 bottleneck or straggler, 2 cannot tell.",
+        "MFU, verdict and advice; with --prometheus, the fleet view; with --prometheus and "
+        "--job, that training job's goodput and GPU-hours lost by cause. Exit 0 healthy (or "
+        "the goodput printed), 1 bottleneck or straggler, 2 cannot tell.",
     )
     d.add_argument("--exporter", metavar="URL", default="http://127.0.0.1:9400",
                    help="the exporter to read: a URL, or HOST:PORT for http "
@@ -507,7 +509,7 @@ def _goodput_args(args: argparse.Namespace) -> str:
     if args.job is None:
         raise ValueError("--since goes with --job NAME (a training job's goodput)")
     if not args.job.strip():
-        raise ValueError("--job: expected a training job's name, got ''")
+        raise ValueError(f"--job: expected a training job's name, got {args.job!r}")
     if not args.prometheus:
         raise ValueError("--job reads the goodput counters from Prometheus: "
                          "add --prometheus URL")

@@ -130,7 +130,7 @@ def test_fleet_view_names_the_slow_rank_its_cause_the_waiting_ranks_and_the_rest
 @pytest.mark.parametrize(("argv", "message"), [
     (["--job", "llama"], "--job reads the goodput counters from Prometheus: add --prometheus URL"),
     (["--prometheus", ":9090", "--since", "24h"], "--since goes with --job NAME"),
-    (["--prometheus", ":9090", "--job", " "], "--job: expected a training job's name"),
+    (["--prometheus", ":9090", "--job", " "], "--job: expected a training job's name, got ' '"),
     (["--prometheus", ":9090", "--job", "llama", "--since", "1 day"],
      "--since: expected a Prometheus duration such as 24h, 7d or 1h30m, got '1 day'"),
     (["--prometheus", "ftp://prom", "--job", "llama"], "--prometheus: expected http://"),
