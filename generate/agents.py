@@ -30,7 +30,7 @@ RULES_DIR = PROMETHEUS_DIR / "rules"
 # holds only the generated trees): the modules whose PromQL `stepscope diagnose
 # --prometheus` runs (the fleet view; a job's goodput)
 _DIAGNOSE = Path(str(find_spec("stepscope").origin)).parent / "diagnose"  # type: ignore[union-attr]
-FLEET_CLI = (_DIAGNOSE / "cli.py", _DIAGNOSE / "goodput.py")
+FLEET_CLI = (_DIAGNOSE / "cli.py", _DIAGNOSE / "goodput_report.py")
 # agent file -> the single-Prometheus config whose scrape_configs it carries
 AGENTS = {"agent-kubernetes.yml": "prometheus-kubernetes.yml",
           "agent-ec2.yml": "prometheus-ec2.yml"}  # fmt: skip

@@ -8,7 +8,7 @@ verdicts; jobs that span availability zones. The fleet view reads the series the
 recording rules record and judges them by the thresholds the shipped alerts use
 (:mod:`stepscope.diagnose.fleet_rules`), so it names what Alertmanager names. With
 ``--job NAME`` it prints that job's goodput and badput in GPU-hours over ``--since``
-instead (:mod:`stepscope.diagnose.goodput`).
+instead (:mod:`stepscope.diagnose.goodput_report`).
 
 Exit status: 0 healthy (or the goodput report printed), 1 a bottleneck or straggler found,
 2 cannot tell (exporter or Prometheus unreachable, no data). Standard library only,
@@ -31,7 +31,7 @@ from typing import Any
 from stepscope.core.labels import HOST_LABEL, HOST_LABELS, with_host_label
 from stepscope.diagnose.advice import KIND_ADVICE, advice_for
 from stepscope.diagnose.fleet_rules import FLEET
-from stepscope.diagnose.goodput import (
+from stepscope.diagnose.goodput_report import (
     DEFAULT_SINCE,
     analyse_goodput,
     goodput_queries,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from stepscope.diagnose.goodput import (
+from stepscope.diagnose.goodput_report import (
     analyse_goodput,
     goodput_queries,
     render_goodput,
