@@ -27,8 +27,10 @@ from generate.files import sync
 
 RULES_DIR = PROMETHEUS_DIR / "rules"
 # the installed package's source (--check and the tests run the generators on a copy that
-# holds only the generated trees)
-FLEET_CLI = Path(str(find_spec("stepscope").origin)).parent / "diagnose" / "cli.py"  # type: ignore[union-attr]
+# holds only the generated trees): the modules whose PromQL `stepscope diagnose
+# --prometheus` runs (the fleet view; a job's goodput)
+_DIAGNOSE = Path(str(find_spec("stepscope").origin)).parent / "diagnose"  # type: ignore[union-attr]
+FLEET_CLI = (_DIAGNOSE / "cli.py", _DIAGNOSE / "goodput_report.py")
 # agent file -> the single-Prometheus config whose scrape_configs it carries
 AGENTS = {"agent-kubernetes.yml": "prometheus-kubernetes.yml",
           "agent-ec2.yml": "prometheus-ec2.yml"}  # fmt: skip
@@ -99,9 +101,10 @@ def names_read(exprs: Iterable[str], recorded: set[str]) -> set[str]:
     return names - recorded - RULER_SERIES
 
 
-def fleet_cli_names(path: Path = FLEET_CLI) -> set[str]:
+def fleet_cli_names(paths: Iterable[Path] = FLEET_CLI) -> set[str]:
     """Scraped names `stepscope diagnose --prometheus` queries (its string constants)."""
-    return set(re.findall(r"(?<![\w:])((?:stepscope|DCGM_FI)_\w+)(?![\w:])", path.read_text()))
+    return {name for path in paths for name in
+            re.findall(r"(?<![\w:])((?:stepscope|DCGM_FI)_\w+)(?![\w:])", path.read_text())}
 
 
 def kept_names(repo: Path = REPO) -> set[str]:

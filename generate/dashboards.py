@@ -32,6 +32,9 @@ THROTTLED = f"{FLEET.throttle_share:g}"
 STRAGGLER = FLEET.rank_straggler_ratio
 STRAGGLER_ALERTS = (f"Above {STRAGGLER:g} for {FLEET.rank_straggler_for} alerts "
                     "(StepscopeRankStraggler).")
+# the goodput rules' recorded series (their window is the fleet module's)
+GOODPUT_RATIO = f"training_job:stepscope_job_goodput_gpu_seconds:ratio_rate{FLEET.goodput_window}"
+BADPUT_RATE = f"training_job:stepscope_job_badput_gpu_seconds:rate{FLEET.goodput_window}"
 
 # host label -> the folder its dashboards are written to
 OUT_DIRS = {"Hostname": DASHBOARDS_DIR / "json", "hostname": DASHBOARDS_DIR / "json-hostname"}
@@ -556,10 +559,34 @@ def training() -> Json:
         Panel("Seconds since last step", "timeseries", (Query(
             f"time() - stepscope_last_step_timestamp_seconds{{{RANK}}}", legend=rank_legend),),
               unit="s", w=12, min=0, description="Growing without bound: a hung rank."),
+        Panel("GPU-hours lost by cause", "row"),
+        Panel("GPU-hours lost by cause over the time range", "table", (Query(
+            "sum by (training_job, badput_type) (increase("
+            f"stepscope_job_badput_gpu_seconds_total{{{RANK}}}[$__range])) / 3600",
+            instant=True),), w=8, labels=("training_job", "badput_type"),
+              columns={"A": ("GPU-hours", "none")}, sort_by="A", sort_desc=True,
+              description="GPU-hours each cause cost the job over the dashboard's time range, "
+              "summed over its nodes (and clusters of that name): GPU-seconds its ranks' "
+              "GPUs spent waiting for data, in exposed communication, checkpointing, "
+              "warming up, idle while held... `stepscope diagnose --prometheus URL --job "
+              "NAME` prints the same with goodput and each cause's share."),
+        Panel("Goodput ratio", "timeseries", (Query(
+            f"{GOODPUT_RATIO}{{{JOB}}}", legend="{{training_job}}"),),
+              unit="percentunit", w=16, min=0, max=1, description=(
+                  "Productive GPU time over all the GPU time the job held (goodput plus "
+                  f"every cause of badput), over {FLEET.goodput_window}. A job still "
+                  "compiling, or hung from the start, reads 0.")),
+        Panel("GPUs' worth lost by cause", "timeseries", (Query(
+            f"sum by (badput_type) ({BADPUT_RATE}{{{JOB}}})", legend="{{badput_type}}"),),
+              unit="suffix: GPUs", stack=True, w=24, min=0, description=(
+                  "GPU-seconds lost per second, by cause, over "
+                  f"{FLEET.goodput_window}: 3 means three GPUs' worth of the job's GPUs "
+                  "were, on average, doing nothing productive for that reason.")),
     ]
     return dashboard("stepscope-training", "stepscope / Training job",
                      "One training job: step time per rank, where the step goes, MFU, "
-                     "tokens/s, straggler score and the diagnosis' verdicts.", panels)
+                     "tokens/s, straggler score, the diagnosis' verdicts and the GPU-hours "
+                     "lost by cause.", panels)
 
 
 DASHBOARDS = {

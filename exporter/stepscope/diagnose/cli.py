@@ -6,10 +6,13 @@ rank waits for and its node's own verdict as the likely cause; hardware faults; 
 whose SM activity is far below their peers'; thermal throttling; the nodes' bottleneck
 verdicts; jobs that span availability zones. The fleet view reads the series the shipped
 recording rules record and judges them by the thresholds the shipped alerts use
-(:mod:`stepscope.diagnose.fleet_rules`), so it names what Alertmanager names.
+(:mod:`stepscope.diagnose.fleet_rules`), so it names what Alertmanager names. With
+``--job NAME`` it prints that job's goodput and badput in GPU-hours over ``--since``
+instead (:mod:`stepscope.diagnose.goodput_report`).
 
-Exit status: 0 healthy, 1 a bottleneck or straggler found, 2 cannot tell (exporter
-or Prometheus unreachable, no data). Standard library only, besides our own modules.
+Exit status: 0 healthy (or the goodput report printed), 1 a bottleneck or straggler found,
+2 cannot tell (exporter or Prometheus unreachable, no data). Standard library only,
+besides our own modules.
 """
 
 from __future__ import annotations
@@ -28,6 +31,14 @@ from typing import Any
 from stepscope.core.labels import HOST_LABEL, HOST_LABELS, with_host_label
 from stepscope.diagnose.advice import KIND_ADVICE, advice_for
 from stepscope.diagnose.fleet_rules import FLEET
+from stepscope.diagnose.goodput_report import (
+    DEFAULT_SINCE,
+    analyse_goodput,
+    goodput_queries,
+    known_jobs_query,
+    render_goodput,
+    since_seconds,
+)
 from stepscope.diagnose.model import BOTTLENECK_KINDS, MODIFIERS
 from stepscope.shared.nccl_log import parse_nccl_log
 
@@ -53,7 +64,9 @@ def add_commands(sub: Any) -> None:
         "diagnose",
         help="print the bottleneck verdicts (local exporter, or the fleet via Prometheus)",
         description="Print one row per training rank and GPU: activity, step time, phases, "
-        "MFU, verdict and advice. Exit 0 healthy, 1 bottleneck or straggler, 2 cannot tell.",
+        "MFU, verdict and advice; with --prometheus, the fleet view; with --prometheus and "
+        "--job, that training job's goodput and GPU-hours lost by cause. Exit 0 healthy (or "
+        "the goodput printed), 1 bottleneck or straggler, 2 cannot tell.",
     )
     d.add_argument("--exporter", metavar="URL", default="http://127.0.0.1:9400",
                    help="the exporter to read: a URL, or HOST:PORT for http "
@@ -64,6 +77,12 @@ def add_commands(sub: Any) -> None:
     # The fleet view reads the recorded series, whose windows are the rules' own
     # (stepscope.diagnose.fleet_rules): the flag is accepted for scripts that pass it.
     d.add_argument("--window", metavar="DURATION", default=None, help=argparse.SUPPRESS)
+    d.add_argument("--job", metavar="NAME", default=None,
+                   help="with --prometheus: this training job's goodput and GPU-hours lost "
+                   "by cause instead of the fleet view")  # fmt: skip
+    d.add_argument("--since", metavar="DURATION", default=None,
+                   help=f"with --job: the period, a Prometheus duration such as 24h, 7d or "
+                   f"1h30m (default {DEFAULT_SINCE})")  # fmt: skip
     d.add_argument("--host-label", choices=HOST_LABELS, default=HOST_LABEL,
                    help="the host label the fleet's exporters serve (default Hostname)")
     d.add_argument("--json", action="store_true", help="print JSON for scripts")
@@ -86,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "nccl-check":
         return nccl_check(args.logs, args.json)
     try:
+        if args.job is not None or args.since is not None:
+            since = _goodput_args(args)
+            base = base_url(args.prometheus, "--prometheus")
+            return job_goodput(base, args.job, since, args.json, args.timeout,
+                               args.host_label)
         if args.prometheus:
             base = base_url(args.prometheus, "--prometheus")
             return fleet(base, args.json, args.timeout, args.host_label)
@@ -474,6 +498,60 @@ def fleet(base: str, as_json: bool, timeout: float, host_label: str = HOST_LABEL
     report["status"] = status
     print(json.dumps(report, indent=2) if as_json else render_fleet(report, base))
     return {"unknown": EXIT_UNKNOWN, "bottleneck": EXIT_BOTTLENECK}.get(status, EXIT_HEALTHY)
+
+
+# ----------------------------------------------------------------- a job's goodput
+
+
+def _goodput_args(args: argparse.Namespace) -> str:
+    """``--since`` checked (default 24h) with ``--job`` and ``--prometheus``; ValueError
+    naming what is wrong."""
+    if args.job is None:
+        raise ValueError("--since goes with --job NAME (a training job's goodput)")
+    if not args.job.strip():
+        raise ValueError(f"--job: expected a training job's name, got {args.job!r}")
+    if not args.prometheus:
+        raise ValueError("--job reads the goodput counters from Prometheus: "
+                         "add --prometheus URL")
+    since: str = args.since if args.since is not None else DEFAULT_SINCE
+    since_seconds(since)
+    return since
+
+
+def job_goodput(base: str, job: str, since: str, as_json: bool, timeout: float,
+                host_label: str = HOST_LABEL) -> int:  # fmt: skip
+    """Query Prometheus for one training job's goodput and badput over ``since``, print
+    them. Exit 0 when printed, 2 when the job has no series in the period (or none
+    grew) or Prometheus cannot be read."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    known: list[str] = []  # when the job has no series: the jobs that have
+    try:
+        for name, promql in goodput_queries(job, since, host_label).items():
+            results[name] = _query(base, promql, timeout)
+        if not results["nodes"]:
+            known = sorted(r["metric"].get("training_job", "")
+                           for r in _query(base, known_jobs_query(since), timeout))
+    except (OSError, ValueError, KeyError) as exc:
+        _error(f"cannot query {base}: {getattr(exc, 'reason', None) or exc}")
+        return EXIT_UNKNOWN
+    if not results["nodes"]:
+        if known:
+            listed = ", ".join(known[:10]) + (f" and {len(known) - 10} more"
+                                              if len(known) > 10 else "")
+            _error(f"no goodput or badput series for training job {job!r} in the last "
+                   f"{since} at {base}; jobs with goodput there: {listed}")
+        else:
+            _error(f"no goodput series at {base} in the last {since}: its exporters do not "
+                   "serve goodput accounting (stepscope_job_goodput_gpu_seconds_total) yet, "
+                   "or no training job reported a step")
+        return EXIT_UNKNOWN
+    report = analyse_goodput(job, since, results)
+    if report["goodput_ratio"] is None:
+        _error(f"training job {job!r} held no GPU time in the last {since} at {base}: its "
+               "counters are there but did not grow: it held no GPUs in the period")
+        return EXIT_UNKNOWN
+    print(json.dumps(report, indent=2) if as_json else render_goodput(report, base))
+    return EXIT_HEALTHY
 
 
 # ----------------------------------------------------------------- nccl-check

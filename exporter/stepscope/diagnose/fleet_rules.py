@@ -73,6 +73,11 @@ class FleetRules:
     power_limit_floor: float = 0.95
     # PCIe replays a minute from which the link is faulty (DCGM's health check's limit)
     pcie_replays_per_minute: float = 8.0
+    # -- goodput
+    # rate() window of the GPUs' worth of goodput and badput per job and cluster: a few
+    # 15 s scrapes, since a step's time is counted when the step reports and a long step
+    # (a checkpoint save, a compilation) lands as one jump
+    goodput_window: str = "5m"
 
 
 #: The shipped values.

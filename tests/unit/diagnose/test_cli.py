@@ -125,3 +125,20 @@ def test_fleet_view_names_the_slow_rank_its_cause_the_waiting_ranks_and_the_rest
         "busy": [_series(labels(0, "node-a"), 0.3), _series(labels(1, "node-b"), 0.375)],
         "score": [_series(labels(0, "node-a"), 1.0), _series(labels(1, "node-b"), 1.25)],
     })["findings"] == []  # fmt: skip
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--job", "llama"], "--job reads the goodput counters from Prometheus: add --prometheus URL"),
+    (["--prometheus", ":9090", "--since", "24h"], "--since goes with --job NAME"),
+    (["--prometheus", ":9090", "--job", " "], "--job: expected a training job's name, got ' '"),
+    (["--prometheus", ":9090", "--job", "llama", "--since", "1 day"],
+     "--since: expected a Prometheus duration such as 24h, 7d or 1h30m, got '1 day'"),
+    (["--prometheus", "ftp://prom", "--job", "llama"], "--prometheus: expected http://"),
+])  # fmt: skip
+def test_a_jobs_goodput_flags_wrong_exit_2_in_one_line_naming_what_is_wrong(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["diagnose", *argv]) == 2  # checked before any request
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert err.startswith(f"stepscope: error: {message}"), err
