@@ -138,6 +138,9 @@ class StepscopeCallback(TrainerCallback):
             "local_rank": args.local_process_index,
             "world_size": args.world_size,
             "precision": _precision(args),
+            # a resumed run's steps carry on from the checkpoint's (so the exporter can
+            # tell the steps a restart does again)
+            "start_step": int(getattr(state, "global_step", 0) or 0),
             **self._kwargs,
         }
         self.reporter = StepReporter(self.job, **options)

@@ -142,8 +142,14 @@ class StepscopeCallback(Callback):  # type: ignore[misc]
 
     @guarded
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-        """Times the strategy's gradient communication (DDP or FSDP)."""
-        if self.reporter is None or trainer.world_size < 2:
+        """Numbers the steps from the restored checkpoint's, and times the strategy's
+        gradient communication (DDP or FSDP)."""
+        if self.reporter is None:
+            return
+        if "start_step" not in self._kwargs and self.reporter.steps == 0:
+            # restored after setup(): a resumed run carries on from the checkpoint's step
+            self.reporter.resume_from(int(getattr(trainer, "global_step", 0) or 0))
+        if trainer.world_size < 2:
             return
         self._comm = watch_comm(self.reporter, trainer.strategy.model)
 

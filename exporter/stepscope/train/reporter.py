@@ -307,6 +307,18 @@ class StepReporter:
         also logged once."""
         return self._sender.refusal
 
+    def resume_from(self, step: int) -> None:
+        """Number the next step ``step``: for a run resumed from a checkpoint whose step
+        is known only after the reporter was made (``start_step`` when it is known
+        before). The exporter books the steps a restarted rank does again, numbered at or
+        below the highest its previous process reported, as progress lost to the restart.
+        A bad ``step`` is logged once and ignored."""
+        if type(step) is not int or step < 0:
+            self._warn_once("resume_from", "stepscope: resume_from(%r): not a step number "
+                            "(an int >= 0); ignored", step)  # fmt: skip
+            return
+        self._next_number = step
+
     @property
     def steps(self) -> int:
         """Steps completed (reported or dropped) by this reporter."""

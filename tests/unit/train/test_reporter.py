@@ -185,6 +185,22 @@ def test_warmup_flags_follow_warmup_steps(receiver: Receiver) -> None:
     ]
 
 
+def test_resume_from_numbers_the_next_step_and_ignores_a_bad_number(
+    receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    rep = StepReporter("j", ingest=receiver.url)
+    run_steps(rep, 1)
+    rep.resume_from(500)  # the checkpoint restored after the reporter was made
+    run_steps(rep, 1)
+    rep.resume_from(-1)
+    rep.resume_from("7")  # type: ignore[arg-type]
+    run_steps(rep, 1)
+    got = receiver.take(3)
+    rep.close()
+    assert [d["step"] for d in got] == [0, 500, 501]
+    assert sum("resume_from" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
 def test_a_slow_loader_shows_as_data_wait(receiver: Receiver) -> None:
     def slow_loader() -> Iterator[int]:
         for i in range(4):
