@@ -16,7 +16,8 @@ The recording rules that read step time (mean per rank and job, phases, busy tim
 straggler score, the job's p90) give the same values on all three, one series a rank or
 job (`or` never doubles one), and StepscopeTrainingStalled's expression, evaluated ahead
 of time, names the same ranks on all three: past 120 s for ranks of 0.3-0.4 s steps, past
-10x the mean (150 s) for a rank of 15 s steps.
+10x the mean (150 s) for a rank of 15 s steps. Every dashboard panel that reads step time
+has data on all three.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ import yaml
 from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
 from tests.support.exporter import kill_all
 from tests.support.ports import free_port
-from tests.support.prometheus import Prometheus
+from tests.support.prometheus import CLUSTER, Prometheus, panel_queries
 
 RULES = REPO / "deploy" / "prometheus" / "rules"
+DASHBOARDS = REPO / "dashboards" / "json"
 JOB, SLOW_JOB = "nh-train", "nh-slow"
 # (job, rank) -> (data_wait, compute, comm, other) seconds of each of its steps
 STEPS: dict[tuple[str, int], tuple[float, float, float, float]] = {
@@ -269,3 +271,16 @@ def test_the_stalled_alert_reads_each_ranks_mean_from_either_form(
             series[name][ahead] = {json.dumps(r["metric"], sort_keys=True) for r in result}
     # the same label sets on every server: the alert names the rank the same way
     assert series["native"] == series["classic"] == series["both"]
+
+
+def test_every_panel_that_reads_step_time_has_data_on_every_server(
+    servers: dict[str, Prometheus],
+) -> None:
+    queries = [q for q in panel_queries(DASHBOARDS, {
+        "Hostname": "node-n", "gpu": "0", "training_job": JOB, "cluster": CLUSTER})
+        if "step_duration" in q[2] or "step_phase" in q[2] or "straggler_score" in q[2]]
+    assert len(queries) >= 6, queries
+    for name, prom in servers.items():
+        values(prom, "training_job:stepscope_straggler_score:max", "training_job", count=2)
+        empty = [q for q in queries if not query(prom, q[2])]
+        assert empty == [], (name, empty)
