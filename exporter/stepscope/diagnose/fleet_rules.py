@@ -28,6 +28,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stepscope.diagnose.kinds import BOTTLENECK_KINDS, KINDS
+
 # A placeholder of a rule source: ``<% name %>`` or ``<% name | format %>``. Neither
 # PromQL nor Prometheus' templates (``{{ ... }}``) use ``<%``.
 PLACEHOLDER = re.compile(r"<%\s*([a-z_]+)\s*(?:\|\s*([a-z]+)\s*)?%>")
@@ -36,7 +38,7 @@ PLACEHOLDER = re.compile(r"<%\s*([a-z_]+)\s*(?:\|\s*([a-z]+)\s*)?%>")
 @dataclass(frozen=True)
 class FleetRules:
     """The numbers of the fleet's judgements. Shares and ratios are 0-1; windows and
-    ``for:`` durations are Prometheus durations; codes a tuple."""
+    ``for:`` durations are Prometheus durations; lists (codes, kinds) tuples."""
 
     # -- windows
     # rate() window of the rank busy time that the straggler score reads: short, since the
@@ -92,6 +94,11 @@ class FleetRules:
     # a job whose MFU averaged over its ranks stays under this runs poorly
     # (StepscopeLowMfu; 40-50% is good for large LLM training)
     low_mfu_share: float = 0.2
+    # the verdict kinds StepscopeBottleneck warns on: the diagnosis' bottlenecks (time
+    # leaking, `stepscope diagnose` exits 1), but gpu_fault, which the hardware alerts page
+    # for at once. Made from the kinds, so a new bottleneck kind is alerted on as it lands.
+    bottleneck_kinds: tuple[str, ...] = tuple(
+        k for k in KINDS if k in BOTTLENECK_KINDS and k != "gpu_fault")
 
 
 #: The shipped values.
@@ -130,24 +137,24 @@ FORMATS: dict[str, Callable[[object], str]] = {
     "words": lambda v: _words(str(v)),
     # 2m -> 120: a duration as PromQL compares it with seconds
     "seconds": lambda v: _number(duration_seconds(str(v))),
-    # (46, 48) -> 46|48: a list of codes as a label matcher's regular expression
-    "regex": lambda v: "|".join(_codes(v)),
+    # (46, 48) -> 46|48: a list as a label matcher's regular expression
+    "regex": lambda v: "|".join(_items(v)),
 }
 
 
-def _codes(value: object) -> tuple[str, ...]:
+def _items(value: object) -> tuple[str, ...]:
     if not isinstance(value, tuple):
-        raise ValueError(f"expected a list of codes, got {value!r}")
+        raise ValueError(f"expected a list, got {value!r}")
     return tuple(str(v) for v in value)
 
 
 def plain(value: object) -> str:
-    """A value as a placeholder without a format writes it: ``0.6``, ``1m``, a list of
-    codes as ``46, 48, 62``."""
+    """A value as a placeholder without a format writes it: ``0.6``, ``1m``, a list as
+    ``46, 48, 62``."""
     if isinstance(value, float):
         return _number(value)
     if isinstance(value, tuple):
-        return ", ".join(_codes(value))
+        return ", ".join(_items(value))
     return str(value)
 
 

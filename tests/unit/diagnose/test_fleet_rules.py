@@ -18,6 +18,7 @@ from stepscope.diagnose.fleet_rules import (
     plain,
     render,
 )
+from stepscope.diagnose.kinds import BOTTLENECK_KINDS, KINDS
 from stepscope.diagnose.thresholds import Thresholds
 from tests.support import REPO
 
@@ -70,6 +71,16 @@ def test_the_stalled_low_mfu_and_xid_alerts_say_the_numbers_their_expressions_us
     assert alerts.count('{xid=~"48|79"}') == 2 and alerts.count('{xid!~"48|79"}') == 2
 
 
+def test_the_bottleneck_alert_warns_on_every_bottleneck_kind_but_gpu_fault() -> None:
+    """A kind the diagnosis adds to its bottlenecks is alerted on without a rule edit."""
+    assert set(FLEET.bottleneck_kinds) == set(BOTTLENECK_KINDS) - {"gpu_fault"}
+    assert set(FLEET.bottleneck_kinds) <= set(KINDS)
+    shipped = (SHIPPED / "stepscope-alerts.yml").read_text()
+    (kinds,) = re.findall(r'stepscope_bottleneck\{kind=~"([a-z_|]+)"\} == 1', shipped)
+    assert set(kinds.split("|")) == set(BOTTLENECK_KINDS) - {"gpu_fault"}
+    assert {"transfer_bound", "between_steps"} <= set(kinds.split("|"))
+
+
 def test_a_placeholder_the_module_lacks_is_an_error_naming_it() -> None:
     with pytest.raises(ValueError, match=r"unknown fleet threshold <% typo %>"):
         render("expr: x > <% typo %>")
@@ -77,7 +88,7 @@ def test_a_placeholder_the_module_lacks_is_an_error_naming_it() -> None:
         render("expr: x > <% throttle_share | percent %>")
     with pytest.raises(ValueError, match="expected a duration"):
         duration_seconds("1m30s")
-    with pytest.raises(ValueError, match="expected a list of codes"):
+    with pytest.raises(ValueError, match="expected a list"):
         render("expr: x{xid=~\"<% low_mfu_share | regex %>\"}")
 
 
@@ -115,7 +126,7 @@ def codes(text: str) -> set[int]:
     return out
 
 
-def test_the_runbooks_dashboards_and_xid_table_say_the_fleet_numbers() -> None:
+def test_the_runbooks_dashboards_and_xid_table_say_the_fleet_values() -> None:
     """The prose that states a threshold of the fleet module, checked against it."""
     words, pct = FORMATS["words"], FORMATS["pct"]
     stalled = runbook("StepscopeTrainingStalled")
@@ -125,6 +136,10 @@ def test_the_runbooks_dashboards_and_xid_table_say_the_fleet_numbers() -> None:
     assert f"under {pct(FLEET.low_mfu_share)} for" in runbook("StepscopeLowMfu")
     dashboards = (REPO / "docs" / "dashboards.md").read_text()
     assert f"| MFU (mean over ranks) | stat | Red under {pct(FLEET.low_mfu_share)}," in dashboards
+    bottleneck = runbook("StepscopeBottleneck")
+    named = bottleneck.split("**Do**", 1)[0]
+    for kind in FLEET.bottleneck_kinds:
+        assert f"`{kind}`" in named and f"- `{kind}`:" in bottleneck, kind
     fires = runbook("StepscopeGpuXidDrain").split("Counted per code", 1)[0]
     assert codes(" ".join(re.findall(r"\*\*([\d/-]+)\*\*", fires))) == set(FLEET.drain_xids)
     diagnosis = (REPO / "docs" / "diagnosis.md").read_text()
