@@ -17,7 +17,7 @@ straggler score, the job's p90) give the same values on all three, one series a 
 job (`or` never doubles one), and StepscopeTrainingStalled's expression, evaluated ahead
 of time, names the same ranks on all three: past 120 s for ranks of 0.3-0.4 s steps, past
 10x the mean (150 s) for a rank of 15 s steps. Every dashboard panel that reads step time
-has data on all three.
+has data on all three, and `stepscope diagnose --prometheus` names the same slow rank.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import yaml
 
 from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
 from tests.support.exporter import kill_all
+from tests.support.fleet import fleet_report
 from tests.support.ports import free_port
 from tests.support.prometheus import CLUSTER, Prometheus, panel_queries
 
@@ -284,3 +285,17 @@ def test_every_panel_that_reads_step_time_has_data_on_every_server(
         values(prom, "training_job:stepscope_straggler_score:max", "training_job", count=2)
         empty = [q for q in queries if not query(prom, q[2])]
         assert empty == [], (name, empty)
+
+
+def test_the_fleet_view_names_the_same_slow_rank_on_every_server(
+    servers: dict[str, Prometheus],
+) -> None:
+    busy = {r: duration((JOB, r)) - STEPS[JOB, r][2] for r in range(4)}
+    for name, prom in servers.items():
+        values(prom, "training_job_rank:stepscope_straggler_score:ratio", "training_job", "rank",
+               count=len(STEPS))
+        report = fleet_report(prom.url)
+        slow = {(job["job"], s["rank"]): s["ratio"]
+                for job in report["jobs"] for s in job["slow_ranks"]}  # fmt: skip
+        assert slow == pytest.approx({(JOB, "3"): busy[3] / busy[0]}, rel=1e-3), (name, report)
+        assert report["exit"] == 1, (name, report)
