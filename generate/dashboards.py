@@ -511,8 +511,9 @@ def training() -> Json:
         Panel("MFU (mean over ranks)", "stat", (Query(
             f'training_job:stepscope_mfu_ratio:avg{{{JOB}}}', instant=True,
             legend="{{training_job}}"),),
-              unit="percentunit", w=6, h=4, thresholds=(("red", None), ("orange", 0.2),
-                                                         ("green", 0.4))),
+              unit="percentunit", w=6, h=4,
+              # orange from StepscopeLowMfu's threshold; green where large LLM training is good
+              thresholds=(("red", None), ("orange", FLEET.low_mfu_share), ("green", 0.4))),
         Panel("Straggler score (worst rank)", "stat", (Query(
             f'training_job:stepscope_straggler_score:max{{{JOB}}}', instant=True,
             legend="{{training_job}}"),),

@@ -187,8 +187,8 @@ def test_a_rule_written_for_both_forms_reads_the_same_on_both_servers(
     servers: tuple[Prometheus, Prometheus],
 ) -> None:
     """`x_count or histogram_count(x)` (and `_sum`) read a rank's steps from whichever form
-    the server stored: the way to write rules for Prometheus with or without native
-    histograms (the shipped rules read `_sum` and `_count`; docs/metrics.md)."""
+    the server stored: the way the shipped rules are written for Prometheus with or
+    without native histograms (test_native_histogram_rules.py runs them; docs/metrics.md)."""
     native, classic = servers
     for part in ("count", "sum"):
         name = "stepscope_step_duration_seconds"

@@ -30,7 +30,7 @@ import yaml
 from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
 from tests.support.exporter import kill_all
 from tests.support.ports import free_port
-from tests.support.prometheus import CLUSTER, Prometheus
+from tests.support.prometheus import CLUSTER, Prometheus, panel_queries
 
 # host label -> (rules, dashboards): both sets, generated from one source, are run
 SETS = {
@@ -136,26 +136,6 @@ def alerts_by_name(prom: Prometheus) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def substitute(expr: str) -> str:
-    """Template variables as Grafana fills them for the straggler node, GPU 0, the job."""
-    for var, value in (("$__rate_interval", "1m"), ("$__range", "1m"), ("$Hostname", SLOW),
-                       ("$hostname", SLOW), ("$gpu", "0"), ("$training_job", JOB),
-                       ("$cluster", CLUSTER)):
-        expr = expr.replace(var, value)
-    assert "$" not in expr, expr
-    return expr
-
-
-def panel_queries(dashboards_dir: Path) -> list[tuple[str, str, str]]:
-    out = []
-    for path in sorted(dashboards_dir.glob("*.json")):
-        dash = json.loads(path.read_text())
-        for panel in dash["panels"]:
-            for target in panel.get("targets", []):
-                out.append((dash["uid"], panel["title"], substitute(target["expr"])))
-    return out
-
-
 def test_straggler_and_thermal_alerts_fire_for_the_slow_node_only_and_every_panel_has_data(
     cluster: tuple[Prometheus, list[Exporter]],
 ) -> None:
@@ -189,7 +169,9 @@ def test_straggler_and_thermal_alerts_fire_for_the_slow_node_only_and_every_pane
     assert "StepscopeGpuXidDrain" not in alerts
     fired_after = time.monotonic() - started
 
-    queries = panel_queries(SETS[prom.host_label][1])
+    # template variables as Grafana fills them for the straggler node, GPU 0, the job
+    queries = panel_queries(SETS[prom.host_label][1], {
+        "Hostname": SLOW, "hostname": SLOW, "gpu": "0", "training_job": JOB, "cluster": CLUSTER})
     assert len(queries) > 40
 
     def empty() -> list[tuple[str, str, str]]:

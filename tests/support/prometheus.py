@@ -7,7 +7,7 @@ import re
 import subprocess
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +77,24 @@ class Prometheus:
     def stop(self) -> None:
         terminate(self.proc)
         self.log.close()
+
+
+def panel_queries(dashboards_dir: Path, variables: Mapping[str, str]) -> list[tuple[str, str, str]]:
+    """(dashboard uid, panel title, query) of every panel query of the dashboards in the
+    folder, with ``$__rate_interval`` and ``$__range`` at 1m and the template variables
+    filled as Grafana would (``variables``: name -> value, without the ``$``)."""
+    fill = {"__rate_interval": "1m", "__range": "1m", **variables}
+    out = []
+    for path in sorted(dashboards_dir.glob("*.json")):
+        dash = json.loads(path.read_text())
+        for panel in dash["panels"]:
+            for target in panel.get("targets", []):
+                expr = target["expr"]
+                for name in sorted(fill, key=len, reverse=True):
+                    expr = expr.replace(f"${name}", fill[name])
+                assert "$" not in expr, expr
+                out.append((dash["uid"], panel["title"], expr))
+    return out
 
 
 def shortened_rules(dest: Path, rules_dir: Path) -> list[Path]:

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from stepscope.core.snapshot import Snapshot
+from stepscope.diagnose.fleet_rules import FLEET
 from stepscope.diagnose.thresholds import Thresholds
 from stepscope.gpu.model import GPU_PART, GpuState
 
@@ -36,9 +37,9 @@ class XidKind:
 _RESET = "Drain the GPU's work and reset it (nvidia-smi -r -i <gpu>, or reboot the node)"
 _RESET_RMA = _RESET + "; if it recurs after the reset, contact the hardware vendor (RMA)."
 
-# The critical codes: the catalogue's immediate action is RESET_GPU, RESTART_BM (reboot
-# the node) or a workflow that ends in a reset (48, 74, the NVLink5 codes).
-CRITICAL_XIDS: Mapping[int, XidKind] = {
+# What the catalogue says of the codes whose immediate action is RESET_GPU, RESTART_BM
+# (reboot the node) or a workflow that ends in a reset (48, 74, the NVLink5 codes).
+_DRAIN_KINDS: Mapping[int, XidKind] = {
     46: XidKind("GPU stopped processing", "RESET_GPU", _RESET_RMA),
     48: XidKind("double-bit ECC error", "WORKFLOW_XID_48",
                 _RESET + " to clear the uncorrectable error; the job on it may have "
@@ -72,6 +73,15 @@ CRITICAL_XIDS: Mapping[int, XidKind] = {
     156: XidKind("resource retirement event", "RESET_GPU", _RESET + " to retire it."),
     158: XidKind("GPU fatal timeout", "RESET_GPU", _RESET_RMA),
 }  # fmt: skip
+
+# The critical codes: the fleet's drain_xids, the codes StepscopeGpuXidDrain pages for, so
+# that the alert and the node's gpu_fault never disagree. A code added there that the
+# table above does not describe is held all the same, with the generic advice.
+CRITICAL_XIDS: Mapping[int, XidKind] = {
+    code: _DRAIN_KINDS.get(
+        code, XidKind("listed in drain_xids", "see NVIDIA's XID catalogue", _RESET_RMA))
+    for code in FLEET.drain_xids
+}
 
 # Common codes that do not need the GPU drained: evidence only.
 NOTED_XIDS: Mapping[int, str] = {

@@ -15,7 +15,8 @@ each other on the same data. So:
   same numbers (:func:`stepscope.diagnose.cli.analyse_fleet`);
 - the node's own thresholds (:class:`stepscope.diagnose.thresholds.Thresholds`) take
   their defaults from here where they mean the same thing (``throttle_share``,
-  ``sm_active_busy``, ``pcie_replays_per_minute``).
+  ``sm_active_busy``, ``pcie_replays_per_minute``), and its critical XIDs
+  (:data:`stepscope.diagnose.faults.CRITICAL_XIDS`) are ``drain_xids``.
 
 docs/diagnosis.md ("One source for every judgement") lists them; a test keeps it equal.
 """
@@ -27,6 +28,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stepscope.diagnose.kinds import BOTTLENECK_KINDS, KINDS
+
 # A placeholder of a rule source: ``<% name %>`` or ``<% name | format %>``. Neither
 # PromQL nor Prometheus' templates (``{{ ... }}``) use ``<%``.
 PLACEHOLDER = re.compile(r"<%\s*([a-z_]+)\s*(?:\|\s*([a-z]+)\s*)?%>")
@@ -35,7 +38,7 @@ PLACEHOLDER = re.compile(r"<%\s*([a-z_]+)\s*(?:\|\s*([a-z]+)\s*)?%>")
 @dataclass(frozen=True)
 class FleetRules:
     """The numbers of the fleet's judgements. Shares and ratios are 0-1; windows and
-    ``for:`` durations are Prometheus durations."""
+    ``for:`` durations are Prometheus durations; lists (codes, kinds) tuples."""
 
     # -- windows
     # rate() window of the rank busy time that the straggler score reads: short, since the
@@ -73,6 +76,29 @@ class FleetRules:
     power_limit_floor: float = 0.95
     # PCIe replays a minute from which the link is faulty (DCGM's health check's limit)
     pcie_replays_per_minute: float = 8.0
+    # XIDs after which the GPU must be drained and reset (StepscopeGpuXidDrain; the node's
+    # gpu_fault holds the same codes): those whose immediate action in NVIDIA's XID
+    # catalogue is RESET_GPU, RESTART_BM or a workflow ending in one (48 DBE ECC, 74
+    # NVLink, 144-150 NVLink5). Not 63 (row remap recorded) nor 94 (contained error:
+    # restart the application).
+    drain_xids: tuple[int, ...] = (
+        46, 48, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143,
+        144, 145, 146, 147, 148, 149, 150, 155, 156, 158,
+    )  # fmt: skip
+    # -- training
+    # a rank silent for more than this multiple of its usual (lifetime mean) step time ...
+    stalled_step_factor: float = 10.0
+    # ... and at least this long has stalled (so has a rank silent this long with no
+    # measured step yet): StepscopeTrainingStalled
+    stalled_min_silence: str = "2m"
+    # a job whose MFU averaged over its ranks stays under this runs poorly
+    # (StepscopeLowMfu; 40-50% is good for large LLM training)
+    low_mfu_share: float = 0.2
+    # the verdict kinds StepscopeBottleneck warns on: the diagnosis' bottlenecks (time
+    # leaking, `stepscope diagnose` exits 1), but gpu_fault, which the hardware alerts page
+    # for at once. Made from the kinds, so a new bottleneck kind is alerted on as it lands.
+    bottleneck_kinds: tuple[str, ...] = tuple(
+        k for k in KINDS if k in BOTTLENECK_KINDS and k != "gpu_fault")
     # -- goodput
     # rate() window of the GPUs' worth of goodput and badput per job and cluster: a few
     # 15 s scrapes, since a step's time is counted when the step reports and a long step
@@ -114,11 +140,27 @@ FORMATS: dict[str, Callable[[object], str]] = {
     # 1.25 -> 1.25x
     "x": lambda v: f"{float(str(v)):g}x",
     "words": lambda v: _words(str(v)),
+    # 2m -> 120: a duration as PromQL compares it with seconds
+    "seconds": lambda v: _number(duration_seconds(str(v))),
+    # (46, 48) -> 46|48: a list as a label matcher's regular expression
+    "regex": lambda v: "|".join(_items(v)),
 }
 
 
-def _plain(value: object) -> str:
-    return _number(value) if isinstance(value, float) else str(value)
+def _items(value: object) -> tuple[str, ...]:
+    if not isinstance(value, tuple):
+        raise ValueError(f"expected a list, got {value!r}")
+    return tuple(str(v) for v in value)
+
+
+def plain(value: object) -> str:
+    """A value as a placeholder without a format writes it: ``0.6``, ``1m``, a list as
+    ``46, 48, 62``."""
+    if isinstance(value, float):
+        return _number(value)
+    if isinstance(value, tuple):
+        return ", ".join(_items(value))
+    return str(value)
 
 
 def render(text: str, rules: FleetRules = FLEET) -> str:
@@ -131,7 +173,7 @@ def render(text: str, rules: FleetRules = FLEET) -> str:
         if name not in values:
             raise ValueError(f"unknown fleet threshold <% {name} %> (known: {', '.join(values)})")
         if fmt is None:
-            return _plain(values[name])
+            return plain(values[name])
         if fmt not in FORMATS:
             raise ValueError(f"unknown format {fmt!r} in <% {name} | {fmt} %> "
                              f"(known: {', '.join(FORMATS)})")

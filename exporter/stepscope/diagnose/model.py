@@ -1,4 +1,5 @@
-"""The verdicts' plain data. Pure, no imports from the rest of the exporter."""
+"""The verdicts' plain data. Pure. The vocabulary (kinds, modifiers, which are
+bottlenecks) is defined in :mod:`stepscope.diagnose.kinds` and re-exported here."""
 
 from __future__ import annotations
 
@@ -6,56 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from stepscope.diagnose.kinds import ALERT_MODIFIERS
+from stepscope.diagnose.kinds import BOTTLENECK_KINDS as BOTTLENECK_KINDS
+from stepscope.diagnose.kinds import KINDS as KINDS
+from stepscope.diagnose.kinds import MODIFIERS as MODIFIERS
+from stepscope.diagnose.kinds import SPAN_MODIFIERS as SPAN_MODIFIERS
 from stepscope.diagnose.thresholds import Thresholds
-
-# Verdict kinds (``stepscope_bottleneck{kind}`` serves a subject's one kind, at 1).
-# ``gpu_fault`` outranks every performance verdict: a GPU that is down or must be
-# drained reads ``gpu_fault`` whatever its steps look like.
-KINDS: tuple[str, ...] = (
-    "gpu_fault",
-    "compute",
-    "host_bound",
-    "transfer_bound",
-    "input_cpu",
-    "input_io",
-    "input",
-    "communication",
-    "waiting_on_peer",
-    "between_steps",
-    "idle",
-    "finished",
-    "unknown",
-)
-# The hardware faults a ``gpu_fault`` verdict names (one modifier each), most urgent first.
-FAULT_MODIFIERS: tuple[str, ...] = (
-    "gpu_down",
-    "xid_critical",
-    "row_remap_failed",
-    "ecc_uncorrectable",
-    "row_remap_pending",
-    "pcie_replay_storm",
-)
-# The named spans between steps a ``between_steps`` verdict names (one modifier each):
-# the SDK's span names (stepscope.shared.datagram.SPANS) but its catch-all "other".
-SPAN_MODIFIERS: tuple[str, ...] = ("checkpoint", "evaluation", "logging")
-# Qualifiers of a verdict (``stepscope_bottleneck_modifier{modifier}``).
-MODIFIERS: tuple[str, ...] = (
-    "fp32_no_tensor",
-    "low_occupancy",
-    "memory_bound",
-    "thermal_throttle",
-    "power_cap",
-    "tcp_suspected",
-    *SPAN_MODIFIERS,
-    *FAULT_MODIFIERS,
-)
-# Kinds that mean "time is leaking" (or the hardware is broken): `stepscope diagnose`
-# exits 1 on one of these, or on a thermally throttled GPU (the classic straggler).
-BOTTLENECK_KINDS: frozenset[str] = frozenset(
-    {"gpu_fault", "host_bound", "transfer_bound", "input_cpu", "input_io", "input",
-     "communication", "waiting_on_peer", "between_steps"}
-)  # fmt: skip
-ALERT_MODIFIERS: frozenset[str] = frozenset({"thermal_throttle", "tcp_suspected"})
 
 
 @dataclass(frozen=True)
