@@ -129,6 +129,13 @@ def test_a_jobs_books_add_up_to_the_time_it_held_its_gpu_within_one_percent(
     # from the last step's end to the exit seen (a pass is 0.1 s)
     assert books["idle"] < 0.3
     assert books["wasted_progress_from_disruption"] == 0.0  # served, at zero
+    # /api/v1/diagnosis says the same, with what is pending and the ratio
+    _, _, body = exp.get("/api/v1/diagnosis")
+    (doc,) = [j for j in json.loads(body)["goodput"] if j["job"] == "goodput-sum"]
+    assert doc["live_ranks"] == 0 and doc["pending_gpu_seconds"] == 0.0
+    assert doc["held_gpu_seconds"] == pytest.approx(total, abs=1e-3)
+    assert doc["goodput_ratio"] == pytest.approx(books["goodput"] / total, abs=1e-4)
+    assert doc["badput_gpu_seconds"]["idle"] == pytest.approx(books["idle"], abs=1e-5)
 
 
 def test_a_restart_that_resumes_from_an_earlier_step_books_the_redone_steps(

@@ -9,7 +9,7 @@ from typing import Any
 
 from stepscope.core.snapshot import Published
 from stepscope.diagnose.analysis import DIAGNOSIS
-from stepscope.diagnose.model import Diagnosis, Verdict
+from stepscope.diagnose.model import Diagnosis, JobGoodput, Verdict
 from stepscope.gpu.model import GPU_PART
 from stepscope.net.rdma import RDMA_PART
 
@@ -46,17 +46,33 @@ def verdict_document(v: Verdict) -> dict[str, Any]:
     }
 
 
+def goodput_document(j: JobGoodput) -> dict[str, Any]:
+    """One training job's goodput books on this node as JSON-ready data (GPU-seconds)."""
+    held = j.held
+    return {
+        "job": j.job,
+        "live_ranks": j.ranks,
+        "held_gpu_seconds": _number(held),
+        "goodput_gpu_seconds": _number(j.goodput),
+        "badput_gpu_seconds": {cause: _number(v) for cause, v in j.badput},
+        "pending_gpu_seconds": _number(j.pending),
+        "goodput_ratio": _number(j.goodput / j.booked) if j.booked > 0 else None,
+    }
+
+
 def diagnosis_document(published: Published | None) -> dict[str, Any]:
     """The whole document; ``status`` is ``unknown`` until a diagnosis exists.
 
     ``faults``: the subjects with a hardware fault (also among ``verdicts``), so a script
     finds them without reading every verdict. ``sources``: every source's health and
     the evidence lines it gives about the node. A GPU that is down has ``gpu_up`` 0 and
-    no other GPU signal: its readings before it went down are not current.
+    no other GPU signal: its readings before it went down are not current. ``goodput``:
+    each training job's books on this node (docs/metrics.md#goodput-and-badput).
     """
     diag = published.result(DIAGNOSIS, Diagnosis) if published is not None else None
     if published is None or diag is None:
-        return {"version": API_VERSION, "status": "unknown", "faults": [], "verdicts": []}
+        return {"version": API_VERSION, "status": "unknown", "faults": [], "verdicts": [],
+                "goodput": []}  # fmt: skip
     snapshot = published.snapshot
     gpu = snapshot.part(GPU_PART)
     return {
@@ -87,6 +103,7 @@ def diagnosis_document(published: Published | None) -> dict[str, Any]:
             for name, h in snapshot.health.items()
         },
         "verdicts": [verdict_document(v) for v in diag.verdicts],
+        "goodput": [goodput_document(j) for j in diag.goodput],
     }
 
 
