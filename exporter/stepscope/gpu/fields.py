@@ -49,6 +49,9 @@ class FieldSpec:
     binding: Binding
     tier: Tier = Tier.FAST
     note: str = ""
+    # served from the first pass its value is non-zero on the GPU (a tensor pipe the
+    # GPU never ran, e.g. IMMA and DFMA under bf16 training, costs no series)
+    once_active: bool = False
 
     @property
     def profiling(self) -> bool:
@@ -64,9 +67,10 @@ class FieldSpec:
 
 def _prof(
     key: str, name: str, help_: str, unit: str, metric: str, scale: float,
-    tier: Tier = Tier.FAST,
+    tier: Tier = Tier.FAST, once_active: bool = False,
 ) -> FieldSpec:
-    return FieldSpec(key, name, GAUGE, help_, unit, Gpm(f"NVML_GPM_METRIC_{metric}", scale), tier)
+    return FieldSpec(key, name, GAUGE, help_, unit, Gpm(f"NVML_GPM_METRIC_{metric}", scale),
+                     tier, once_active=once_active)  # fmt: skip
 
 
 FIELDS: tuple[FieldSpec, ...] = (
@@ -148,6 +152,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         "ratio",
         "HMMA_TENSOR_UTIL",
         0.01,
+        once_active=True,
     ),
     _prof(
         "pipe_tensor_imma_active",
@@ -156,6 +161,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         "ratio",
         "IMMA_TENSOR_UTIL",
         0.01,
+        once_active=True,
     ),
     _prof(
         "pipe_tensor_dfma_active",
@@ -164,6 +170,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         "ratio",
         "DFMA_TENSOR_UTIL",
         0.01,
+        once_active=True,
     ),
     _prof(
         "pipe_fp64_active",
@@ -522,6 +529,8 @@ DEFAULT_COUNTERS: tuple[tuple[str, str], ...] = (
 FIELDS_BY_KEY: dict[str, FieldSpec] = {f.key: f for f in FIELDS}
 PROFILING_KEYS: frozenset[str] = frozenset(f.key for f in FIELDS if f.profiling)
 SLOW_KEYS: frozenset[str] = frozenset(f.key for f in FIELDS if f.tier is Tier.SLOW)
+# keys served only once they have been non-zero on the GPU (FieldSpec.once_active)
+ONCE_ACTIVE_KEYS: tuple[str, ...] = tuple(f.key for f in FIELDS if f.once_active)
 
 
 class ClockEvent(enum.IntFlag):
@@ -593,6 +602,8 @@ def markdown_table() -> str:
         tier = "slow" if f.tier is Tier.SLOW else "fast"
         if f.profiling:
             tier += ", GPM"
+        if f.once_active:
+            tier += ", once active"
         rows.append(f"| `{f.name}` | {f.type} | {f.unit} | {tier} | {f.source} |")
     rows.append(f"| `{DRIVER_VERSION_LABEL}` | label | | at start | nvmlSystemGetDriverVersion(), "
                 "a label of every DCGM_FI_* series |")

@@ -78,9 +78,10 @@ def gpu_families(part: GpuPart, labels: LabelSchema) -> list[Family]:
         fam = Family(spec.name, spec.type, spec.help + _SAMPLED)
         key = spec.key
         ours = not spec.name.startswith("DCGM_")
+        once = spec.once_active
         for g, lbl, d in live:
             v = g.values.get(key)
-            if v is not None:
+            if v is not None and (not once or key in g.active_keys):
                 fam.add(lbl if ours else d, v)
         fams.append(fam)
 

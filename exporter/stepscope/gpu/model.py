@@ -114,6 +114,8 @@ class GpuState:
     xid_counts: Mapping[int, int] = field(default_factory=dict)
     last_xid: int = 0
     sample_cpu_seconds: float = 0.0
+    # the once-active keys (gpu.fields.ONCE_ACTIVE_KEYS) seen non-zero on this GPU so far
+    active_keys: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from stepscope.core.exposition import Family
 from stepscope.core.labels import GpuIdentity, LabelSchema
 from stepscope.core.source import ReadContext, Source, Tier
-from stepscope.gpu.fields import SLOW_KEYS
+from stepscope.gpu.fields import ONCE_ACTIVE_KEYS, SLOW_KEYS
 from stepscope.gpu.metrics import gpu_families
 from stepscope.gpu.model import GPU_PART, GpuBackend, GpuInfo, GpuPart, GpuState, GpuUnavailable
 
@@ -39,8 +39,14 @@ class _GpuTrack:
     cpu_seconds: float = 0.0
     last_slow: float = float("-inf")
     last_error: str = ""
+    active_keys: frozenset[str] = frozenset()
 
     def state(self) -> GpuState:
+        values = self.values
+        if len(self.active_keys) < len(ONCE_ACTIVE_KEYS):
+            seen = {k for k in ONCE_ACTIVE_KEYS if values.get(k)}
+            if not seen <= self.active_keys:
+                self.active_keys = self.active_keys | seen
         return GpuState(
             info=self.info,
             up=self.up,
@@ -48,6 +54,7 @@ class _GpuTrack:
             xid_counts=dict(self.xid_counts),
             last_xid=self.last_xid,
             sample_cpu_seconds=self.cpu_seconds,
+            active_keys=self.active_keys,
         )
 
 

@@ -398,7 +398,31 @@ def test_the_sampler_serves_every_dcgm_family_from_a_simulated_node() -> None:
             gpu = re.search(r'gpu="(\d+)"', line)
             series.setdefault(name, set()).add(gpu.group(1) if gpu else "")
     for f in FIELDS:
-        assert f.name in series, f.name
+        if not f.once_active:
+            assert f.name in series, f.name
     gpus_with_profiling = series["DCGM_FI_PROF_SM_ACTIVE"]
     assert gpus_with_profiling == {"0", "1", "3", "4", "5", "6"}  # 2 is down, 7 has no GPM
+    # a tensor pipe is served from the first pass it ran on the GPU: HMMA under this
+    # scenario's bf16 work; IMMA (integer) and DFMA (fp64) never ran, so no series
+    assert series["stepscope_gpu_pipe_tensor_hmma_active_ratio"] <= gpus_with_profiling
+    assert series["stepscope_gpu_pipe_tensor_hmma_active_ratio"]
+    assert "stepscope_gpu_pipe_tensor_imma_active_ratio" not in series
+    assert "stepscope_gpu_pipe_tensor_dfma_active_ratio" not in series
     backend.close()
+
+
+def test_a_tensor_pipe_is_served_from_its_first_active_pass_and_stays() -> None:
+    clock = ManualClock(5000.0)
+    scenario = parse_scenario({"gpus": 1, "workload": {"activity": "busy", "precision": "int8"},
+                               "timeline": [{"at": "5s", "activity": "idle"}]})
+    backend = SimulatedBackend(scenario, hostname="n", clock=clock)
+    sampler = make_sampler(backend, clock=clock, wall_clock=lambda: 1.7e9)
+    served = []
+    for _ in range(10):
+        text = sampler.sample_once().body.decode()
+        served.append([line.rsplit(" ", 1)[1] for line in text.splitlines()
+                       if line.startswith("stepscope_gpu_pipe_tensor_imma_active_ratio{")])
+        clock.t += 1.0
+    backend.close()
+    assert all(len(s) == 1 for s in served), served  # from the first pass, every pass after
+    assert float(served[1][0]) > 0 and float(served[-1][0]) == 0.0  # idle now, still served
