@@ -24,7 +24,9 @@ child). After the diagnosis window has filled, the rank's verdict is read from
 ``--cpu`` runs the loops on the CPU against an exporter with one simulated H200 whose
 scenario plays what the GPU would show (``pageable_copy``: ``wait: copy``, PCIe receive
 6.9 GB/s in the gaps): the host side (the SDK's timing and spans, the process's CPU) is
-real, the GPU side scripted. Writes ``lost_time.md``, ``lost_time.json`` and each
+real, the GPU side scripted. Each class's goodput books (``/api/v1/diagnosis``: goodput
+and badput by cause, issue 26 item 4) are read after its loop and tabled too. Writes
+``lost_time.md``, ``lost_time.json`` and each
 class's exporter log to ``--out`` (default ``$OUT``). About 30 s a class; ``--budget``
 (default 290 s) skips the classes that would start after it.
 """
@@ -164,6 +166,8 @@ def run_class(name: str, device: str, a: argparse.Namespace, tmp: Path,
         polls.stop.set()
         poller.join(timeout=5)
         rep.close()
+        time.sleep(1.5)  # the last steps booked (a pass or two)
+        books = _goodput(exporter.diagnosis(), name)
         del step, between
         if device == "cuda":
             torch.cuda.empty_cache()
@@ -176,7 +180,40 @@ def run_class(name: str, device: str, a: argparse.Namespace, tmp: Path,
         return (v["kind"] == kind and (modifier is None or modifier in v["modifiers"])
                 and (modifier is not None or kind != "between_steps" or not v["modifiers"]))
 
-    return tally(name, EXPECTED[name], polls.polls, steps, elapsed, SIGNALS, right)
+    return {**tally(name, EXPECTED[name], polls.polls, steps, elapsed, SIGNALS, right),
+            "goodput": books}
+
+
+def _goodput(doc: dict[str, Any] | None, job: str) -> dict[str, Any] | None:
+    """The class's goodput books from ``/api/v1/diagnosis`` (GPU-seconds), or None."""
+    for j in (doc or {}).get("goodput", []):
+        if j["job"] == job:
+            return j  # type: ignore[no-any-return]
+    return None
+
+
+def render_goodput(rows: list[dict[str, Any]]) -> list[str]:
+    """Where each class's GPU time went: goodput and the causes of badput, as shares of
+    the time its rank held the GPU (booked; pending: since its last reported step)."""
+    books = [(r["class"], r["goodput"]) for r in rows if r.get("goodput")]
+    if not books:
+        return []
+    causes = [c for c in books[0][1]["badput_gpu_seconds"]
+              if any((b["badput_gpu_seconds"].get(c) or 0) > 0 for _, b in books)]
+    out = ["", "Goodput: where each class's GPU time went, as shares of the time its rank "
+           "held the GPU (`/api/v1/diagnosis`, after the loop).", "",
+           "| class | held GPU-s | goodput | " + " | ".join(causes) + " | pending |",
+           "|---|---|---|" + "---|" * (len(causes) + 1)]  # fmt: skip
+    for name, b in books:
+        held = b["held_gpu_seconds"] or 0.0
+
+        def share(v: float | None, held: float = held) -> str:
+            return "-" if not held or v is None else f"{100 * v / held:.1f}%"
+
+        out.append(f"| {name} | {held:.1f} | {share(b['goodput_gpu_seconds'])} | "
+                   + " | ".join(share(b["badput_gpu_seconds"].get(c)) for c in causes)
+                   + f" | {share(b['pending_gpu_seconds'])} |")  # fmt: skip
+    return out
 
 
 def _pct(v: Any) -> str:
@@ -208,6 +245,7 @@ def render(rows: list[dict[str, Any]], device_name: str) -> str:
             f"{_pct(s.get('between_steps_share'))} | "
             f"{'-' if main is None else f'{main:.2f}'} |"
         )
+    out += render_goodput(rows)
     out += ["", "Verdicts with modifiers, advice and evidence (last poll):", ""]
     for r in rows:
         if "error" not in r:
