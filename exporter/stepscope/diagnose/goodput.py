@@ -80,6 +80,9 @@ END_GRACE = 1.0
 _SPAN_INDEX = tuple(SPAN_CAUSES[name] for name in SPANS)
 
 
+_NO_SPANS: tuple[float, ...] = (0.0,) * len(SPANS)
+
+
 class _Counters(NamedTuple):
     """What a rank's view says it spent, cumulative (zero for a new book)."""
 
@@ -90,11 +93,11 @@ class _Counters(NamedTuple):
 
     @classmethod
     def of(cls, r: RankView) -> _Counters:
-        spans = r.span_seconds if r.span_seconds is not None else (0.0,) * len(SPANS)
-        return cls(tuple(r.phase_seconds), spans, r.warmup_seconds, r.redo_seconds)  # type: ignore[arg-type]
+        return cls(r.phase_seconds, r.span_seconds or _NO_SPANS,  # type: ignore[arg-type]
+                   r.warmup_seconds, r.redo_seconds)  # fmt: skip
 
 
-_ZERO = _Counters((0.0, 0.0, 0.0, 0.0), (0.0,) * len(SPANS), 0.0, 0.0)
+_ZERO = _Counters((0.0, 0.0, 0.0, 0.0), _NO_SPANS, 0.0, 0.0)
 
 
 @dataclass(slots=True)
@@ -107,6 +110,7 @@ class _Book:
     pending: float = 0.0
     kind: str = ""  # its latest verdict
     ended: bool = False
+    steps: int = -1  # the rank's step count when last booked
 
 
 @dataclass(slots=True)
@@ -121,12 +125,20 @@ class _Job:
 
 
 def _explained(seen: _Counters, now: _Counters) -> tuple[_Counters, float]:
-    """The counters' rise (never negative) and the seconds it explains."""
-    phases = tuple(max(0.0, b - a) for a, b in zip(seen.phases, now.phases, strict=True))
-    spans = tuple(max(0.0, b - a) for a, b in zip(seen.spans, now.spans, strict=True))
-    d = _Counters(phases, spans, max(0.0, now.warmup - seen.warmup),  # type: ignore[arg-type]
-                  max(0.0, now.redo - seen.redo))  # fmt: skip
-    return d, sum(phases) + d.warmup
+    """The counters' rise (never negative) and the seconds it explains (once per rank
+    per verdict pass: unrolled, no generators)."""
+    a, b = seen.phases, now.phases
+    d0, d1, d2, d3 = b[0] - a[0], b[1] - a[1], b[2] - a[2], b[3] - a[3]
+    phases = (d0 if d0 > 0.0 else 0.0, d1 if d1 > 0.0 else 0.0,
+              d2 if d2 > 0.0 else 0.0, d3 if d3 > 0.0 else 0.0)  # fmt: skip
+    if now.spans is _NO_SPANS:
+        spans = _NO_SPANS
+    else:
+        spans = tuple(max(0.0, y - x) for x, y in zip(seen.spans, now.spans, strict=True))
+    warmup = now.warmup - seen.warmup
+    redo = now.redo - seen.redo
+    d = _Counters(phases, spans, warmup if warmup > 0.0 else 0.0, redo if redo > 0.0 else 0.0)
+    return d, phases[0] + phases[1] + phases[2] + phases[3] + d.warmup
 
 
 def _book(job: _Job, d: _Counters, seconds: float, kind: str) -> None:
@@ -151,11 +163,13 @@ def _book(job: _Job, d: _Counters, seconds: float, kind: str) -> None:
         job.goodput += compute * keep
     else:
         job.add(body, compute * keep)
-    named = sum(d.spans)
-    scale = min(1.0, other / named) if named > 0.0 else 0.0  # spans are part of "other"
-    for cause, s in zip(_SPAN_INDEX, d.spans, strict=True):
-        job.add(cause, s * scale * keep)
-    job.add("other", (other - named * scale) * keep)
+    named = sum(d.spans) if d.spans is not _NO_SPANS else 0.0
+    if named > 0.0:
+        scale = min(1.0, other / named)  # the named spans are part of "other"
+        for cause, s in zip(_SPAN_INDEX, d.spans, strict=True):
+            job.add(cause, s * scale * keep)
+        other -= named * scale
+    job.add("other", other * keep)
 
 
 class GoodputLedger:
@@ -200,6 +214,14 @@ class GoodputLedger:
         kind: str, mark: FinishedRank | None,
     ) -> None:  # fmt: skip
         book = self._books.get(key)
+        if (book is not None and mark is None and book.steps == r.steps
+                and book.created == r.created and not book.ended):
+            # no step since the last pass: the time passed is held, unexplained yet
+            book.pending += now - book.at
+            book.at = now
+            if kind:
+                book.kind = kind
+            return
         counters = _Counters.of(r)
         if book is not None and book.created != r.created:  # a restart took the rank over
             self._end(book, job, book.at)
@@ -209,6 +231,7 @@ class GoodputLedger:
             book = self._books[key] = _Book(r.created, now)
         if book.ended and mark is not None:
             book.seen = counters  # ended: nothing more is held
+            book.steps = r.steps
             return
         d, total = _explained(book.seen, counters)
         if fresh:  # held from its first reported step's start: those steps, and since
@@ -225,6 +248,7 @@ class GoodputLedger:
         _book(job, d, booked, book.kind)
         book.pending -= booked
         book.seen = counters
+        book.steps = r.steps
         if mark is not None:
             # time already counted past the end it was held until is not held
             book.pending = max(0.0, book.pending - max(0.0, book.at - mark.held_until))
