@@ -93,7 +93,7 @@ class _Counters(NamedTuple):
 
     @classmethod
     def of(cls, r: RankView) -> _Counters:
-        return cls(r.phase_seconds, r.span_seconds or _NO_SPANS,  # type: ignore[arg-type]
+        return cls(r.phase_seconds, r.span_seconds or _NO_SPANS,
                    r.warmup_seconds, r.redo_seconds)  # fmt: skip
 
 
