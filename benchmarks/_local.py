@@ -36,6 +36,20 @@ def scrape(port: int, path: str = "/metrics") -> str:
     return get(f"http://127.0.0.1:{port}{path}").decode()
 
 
+def wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 120.0) -> None:
+    """Wait until the Prometheus (server or agent) at ``url`` answers ``/-/ready``;
+    RuntimeError with the end of its ``log`` if it exits or ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            get(url + "/-/ready")
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(log.read_text()[-2000:]) from None
+            time.sleep(0.5)
+
+
 def wait_for_exporter(port: int, proc: subprocess.Popen[bytes], log: Path,
                       timeout: float = 60.0) -> bool:
     """Poll ``/metrics`` until it answers; False (and the log printed) if the exporter

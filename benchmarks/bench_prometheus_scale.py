@@ -53,7 +53,7 @@ from typing import Any
 import psutil
 import yaml
 
-from benchmarks._local import free_port, get
+from benchmarks._local import free_port, get, wait_ready
 from tests.support import REPO
 
 RULES = REPO / "deploy" / "prometheus" / "rules"
@@ -354,15 +354,7 @@ def run(prometheus: str, template: str, layout: Layout, warmup: float, seconds: 
                 [prometheus, f"--config.file={tmp / 'prometheus.yml'}",
                  f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address={url[7:]}",
                  "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=log)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                get(url + "/-/ready")
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError((tmp / "log").read_text()[-2000:]) from None
-                time.sleep(0.5)
+        wait_ready(url, proc, tmp / "log")
         assert fleet.pid is not None
         return measure(url, proc.pid, fleet.pid, layout, warmup, seconds, interval_s,
                        body_bytes, compare)

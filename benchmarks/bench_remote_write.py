@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks._local import free_port, get
+from benchmarks._local import free_port, get, wait_ready
 from benchmarks.bench_prometheus_scale import (
     Layout,
     fleet_scrape_config,
@@ -40,18 +40,6 @@ from benchmarks.bench_prometheus_scale import (
 from tests.support import REPO, parse_samples
 
 AGENT_CONFIG = REPO / "deploy" / "prometheus" / "agent-ec2.yml"
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            get(url + "/-/ready")
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(log.read_text()[-2000:]) from None
-            time.sleep(0.5)
 
 
 def _metrics(url: str) -> dict[str, float]:
@@ -76,7 +64,7 @@ def run(prometheus: str, layout: Layout, interval: str, warmup: float,
                  f"--storage.tsdb.path={tmp / 'central'}", "--web.enable-remote-write-receiver",
                  f"--web.listen-address={central[7:]}", "--log.level=warn"],
                 stdout=subprocess.DEVNULL, stderr=log))  # fmt: skip
-        _wait_ready(central, procs[-1], tmp / "central.log")
+        wait_ready(central, procs[-1], tmp / "central.log")
         (shipped,) = yaml.safe_load(AGENT_CONFIG.read_text())["remote_write"]
         agent = f"http://127.0.0.1:{free_port()}"
         config = {
@@ -93,7 +81,7 @@ def run(prometheus: str, layout: Layout, interval: str, warmup: float,
                 [prometheus, "--enable-feature=agent", f"--config.file={tmp / 'agent.yml'}",
                  f"--storage.agent.path={tmp / 'agent'}", f"--web.listen-address={agent[7:]}",
                  "--log.level=warn"], stdout=subprocess.DEVNULL, stderr=log))  # fmt: skip
-        _wait_ready(agent, procs[-1], tmp / "agent.log")
+        wait_ready(agent, procs[-1], tmp / "agent.log")
         time.sleep(warmup)  # a benchmark's fixed window, not synchronisation
         a0, t0 = _metrics(agent), time.monotonic()
         time.sleep(seconds)

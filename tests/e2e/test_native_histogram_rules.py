@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +35,7 @@ import yaml
 from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
 from tests.support.exporter import kill_all
 from tests.support.fleet import fleet_report
+from tests.support.ingest import Datagrams, UdpSteps
 from tests.support.ports import free_port
 from tests.support.prometheus import CLUSTER, Prometheus, panel_queries
 
@@ -67,36 +67,22 @@ def duration(key: tuple[str, int]) -> float:
     return sum(STEPS[key])
 
 
-class Ranks:
+def report_steps(port: int, uuids: list[str]) -> UdpSteps:
     """The five ranks, each sending its step every 0.1 s until stopped."""
 
-    def __init__(self, port: int, uuids: list[str]) -> None:
-        self.port, self.uuids = port, uuids
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
+    def datagrams(step: int) -> Datagrams:
+        for gpu, (job, rank) in enumerate(STEPS):
+            data, compute, comm, _ = STEPS[job, rank]
+            yield {
+                "v": 1, "type": "step", "job": job, "rank": rank, "local_rank": rank,
+                "world_size": 4 if job == JOB else 1, "pid": os.getpid(),
+                "uuid": uuids[gpu], "step": step, "t": time.time(),
+                "dur": duration((job, rank)), "data": data, "compute": compute,
+                "comm": comm, "tokens": 1, "flops": 0, "precision": "bf16",
+                "warmup": False,
+            }, ("127.0.0.1", port)
 
-    def run(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        step = 0
-        while not self.stopped.is_set():
-            for gpu, (job, rank) in enumerate(STEPS):
-                data, compute, comm, _ = STEPS[job, rank]
-                sock.sendto(json.dumps({
-                    "v": 1, "type": "step", "job": job, "rank": rank, "local_rank": rank,
-                    "world_size": 4 if job == JOB else 1, "pid": os.getpid(),
-                    "uuid": self.uuids[gpu], "step": step, "t": time.time(),
-                    "dur": duration((job, rank)), "data": data, "compute": compute,
-                    "comm": comm, "tokens": 1, "flops": 0, "precision": "bf16",
-                    "warmup": False,
-                }).encode(), ("127.0.0.1", self.port))
-            step += 1
-            self.stopped.wait(0.1)
-        sock.close()
-
-    def stop(self) -> None:
-        self.stopped.set()
-        self.thread.join(timeout=5)
+    return UdpSteps(0.1, datagrams)
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +91,14 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Prom
     port = free_port(socket.SOCK_DGRAM)
     exporters: list[Exporter] = []
     proms: dict[str, Prometheus] = {}
-    ranks: Ranks | None = None
+    senders: UdpSteps | None = None
     try:
         exp = start_exporter(["--simulate", str(len(STEPS)), "--interval", "0.5",
                               "--hostname", "node-n", "--ingest", f"udp://127.0.0.1:{port}"])
         exporters.append(exp)
         up = parse_samples(exp.metrics())["stepscope_gpu_up"]
         uuids = [lbl["UUID"] for lbl, _ in sorted(up, key=lambda s: int(s[0]["gpu"]))]
-        ranks = Ranks(port, uuids)
+        senders = report_steps(port, uuids)
         both_rules = tmp / "both-rules"
         both_rules.mkdir()
         for path in RULES.glob("*.yml"):
@@ -127,8 +113,8 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Prom
             proms[name] = Prometheus(tmp / name, [exp.address], rules, flags)
         yield proms
     finally:
-        if ranks is not None:
-            ranks.stop()
+        if senders is not None:
+            senders.stop()
         for prom in proms.values():
             prom.stop()
         kill_all(exporters)

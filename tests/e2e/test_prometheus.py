@@ -14,11 +14,9 @@ variables substituted, returns at least one series.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ import yaml
 
 from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
 from tests.support.exporter import kill_all
+from tests.support.ingest import Datagrams, UdpSteps
 from tests.support.ports import free_port
 from tests.support.prometheus import CLUSTER, Prometheus, panel_queries
 
@@ -61,38 +60,25 @@ STRAGGLER_ALERTS = ("StepscopeNodeStraggler", "StepscopeRankStraggler",
                     "StepscopeGpuThermalViolation")
 
 
-class Ranks:
-    """Two training ranks per node reporting a step every 0.25 s over UDP, until stopped."""
+def report_steps(nodes: list[tuple[str, str, list[str]]]) -> UdpSteps:
+    """Two training ranks per node reporting a step every 0.25 s over UDP, until stopped;
+    ``nodes``: (hostname, udp port, GPU UUIDs)."""
+    world = len(nodes) * GPUS
 
-    def __init__(self, nodes: list[tuple[str, str, list[str]]]) -> None:
-        self.nodes = nodes  # (hostname, udp port, GPU UUIDs)
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
+    def datagrams(step: int) -> Datagrams:
+        for n, (host, port, uuids) in enumerate(nodes):
+            compute = 0.45 if host == SLOW else 0.30
+            for local in range(GPUS):
+                dur = compute + 0.15
+                yield {
+                    "v": 1, "type": "step", "job": JOB, "rank": n * GPUS + local,
+                    "local_rank": local, "world_size": world, "pid": os.getpid(),
+                    "uuid": uuids[local], "step": step, "t": time.time(), "dur": dur,
+                    "data": 0.05, "compute": compute, "comm": 0.08, "tokens": 8192,
+                    "flops": 0.4 * H100_BF16 * dur, "precision": "bf16", "warmup": False,
+                }, ("127.0.0.1", int(port))
 
-    def run(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        step = 0
-        world = len(self.nodes) * GPUS
-        while not self.stop_event.is_set():
-            for n, (host, port, uuids) in enumerate(self.nodes):
-                compute = 0.45 if host == SLOW else 0.30
-                for local in range(GPUS):
-                    dur = compute + 0.15
-                    sock.sendto(json.dumps({
-                        "v": 1, "type": "step", "job": JOB, "rank": n * GPUS + local,
-                        "local_rank": local, "world_size": world, "pid": os.getpid(),
-                        "uuid": uuids[local], "step": step, "t": time.time(), "dur": dur,
-                        "data": 0.05, "compute": compute, "comm": 0.08, "tokens": 8192,
-                        "flops": 0.4 * H100_BF16 * dur, "precision": "bf16", "warmup": False,
-                    }).encode(), ("127.0.0.1", int(port)))
-            step += 1
-            self.stop_event.wait(0.25)
-        sock.close()
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.thread.join(timeout=5)
+    return UdpSteps(0.25, datagrams)
 
 
 @pytest.fixture(params=list(SETS))
@@ -104,7 +90,7 @@ def cluster(
     scenario.write_text(SLOW_SCENARIO)
     exporters: list[Exporter] = []
     prom: Prometheus | None = None
-    ranks: Ranks | None = None
+    senders: UdpSteps | None = None
     try:
         nodes = []
         for host in (*HEALTHY, SLOW):
@@ -117,13 +103,13 @@ def cluster(
             up = parse_samples(exp.metrics())["stepscope_gpu_up"]
             uuids = [lbl["UUID"] for lbl, _ in sorted(up, key=lambda s: int(s[0]["gpu"]))]
             nodes.append((host, port, uuids))
-        ranks = Ranks(nodes)
+        senders = report_steps(nodes)
         prom = Prometheus(tmp_path, [e.address for e in exporters], SETS[host_label][0])
         prom.host_label = host_label
         yield prom, exporters
     finally:
-        if ranks is not None:
-            ranks.stop()
+        if senders is not None:
+            senders.stop()
         if prom is not None:
             prom.stop()
         kill_all(exporters)

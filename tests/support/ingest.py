@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tests.support import Exporter, parse_samples
@@ -23,6 +27,33 @@ def step(job: str, rank: int, i: int, t: float, uuid: str | None, **extra: Any) 
         obj["uuid"] = uuid
     obj.update(extra)
     return obj
+
+
+Datagrams = Iterable[tuple[dict[str, Any], tuple[str, int]]]
+
+
+class UdpSteps:
+    """A thread that sends step datagrams over UDP every ``period`` seconds until
+    stopped: ``datagrams(n)`` gives the (datagram, (host, port)) pairs of round ``n``."""
+
+    def __init__(self, period: float, datagrams: Callable[[int], Datagrams]) -> None:
+        self.period, self.datagrams = period, datagrams
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            n = 0
+            while not self.stopped.is_set():
+                for obj, addr in self.datagrams(n):
+                    sock.sendto(json.dumps(obj).encode(), addr)
+                n += 1
+                self.stopped.wait(self.period)
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
 
 
 def scrape(exp: Exporter) -> Samples:

@@ -141,9 +141,9 @@ def _explained(seen: _Counters, now: _Counters) -> tuple[_Counters, float]:
     return d, phases[0] + phases[1] + phases[2] + phases[3] + d.warmup
 
 
-def _book(job: _Job, d: _Counters, seconds: float, kind: str) -> None:
-    """Book ``seconds`` of explained time in the proportions of the rise ``d``."""
-    total = sum(d.phases) + d.warmup
+def _book(job: _Job, d: _Counters, total: float, seconds: float, kind: str) -> None:
+    """Book ``seconds`` of explained time in the proportions of the rise ``d`` (which
+    explains ``total`` seconds, :func:`_explained`)."""
     if seconds <= 0.0 or total <= 0.0:
         return
     f = seconds / total
@@ -151,7 +151,7 @@ def _book(job: _Job, d: _Counters, seconds: float, kind: str) -> None:
         job.add("hardware_fault", seconds)
         return
     job.add("program_startup", d.warmup * f)
-    measured = sum(d.phases)
+    measured = total - d.warmup
     redo = min(d.redo, measured)
     job.add("wasted_progress_from_disruption", redo * f)
     keep = f * (1.0 - redo / measured) if measured > 0.0 else 0.0
@@ -245,7 +245,7 @@ class GoodputLedger:
         if kind:
             book.kind = kind
         booked = min(total, book.pending)
-        _book(job, d, booked, book.kind)
+        _book(job, d, total, booked, book.kind)
         book.pending -= booked
         book.seen = counters
         book.steps = r.steps
