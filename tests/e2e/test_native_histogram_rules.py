@@ -254,7 +254,10 @@ def test_the_stalled_alert_reads_each_ranks_mean_from_either_form(
             else:
                 assert set(ranks) == {(j, str(r)) for j, r in STEPS}, (name, ranks)
             for r in result:
-                assert 130 < float(r["value"][1]) < ahead + 1, (name, r)
+                # the silence: ``ahead`` plus the age of the last step Prometheus holds
+                # (a scrape interval and a sampling pass, more on a loaded machine: 141.3
+                # seen once under the full suite)
+                assert 130 < float(r["value"][1]) < ahead + 5, (name, r)
             series[name][ahead] = {json.dumps(r["metric"], sort_keys=True) for r in result}
     # the same label sets on every server: the alert names the rank the same way
     assert series["native"] == series["classic"] == series["both"]
