@@ -16,13 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.paths import EXPORTER
+from tests.support.ports import free_port
 
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    """A port nothing listens on at the moment, on 127.0.0.1 (TCP by default)."""
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["free_port"]  # re-exported: the scripts import it from here
 
 
 def get(url: str, timeout: float = 10.0) -> bytes:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -259,9 +258,9 @@ def launch(mode: str, job: str, result: Path, ingest: str, *, ranks: int, steps:
            ) -> list[subprocess.Popen[str]]:
     """Start this script once per rank, torchrun-style, appending results to ``result``.
     ``uuids``: the GPU UUID each rank reports, by rank (CUDA ranks find their own)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    from tests.support.ports import free_port  # the test's process imports this, not a rank
+
+    port = free_port()
     exporter_pkg = Path(__file__).resolve().parents[2] / "exporter"
     procs = []
     for rank in range(ranks):
