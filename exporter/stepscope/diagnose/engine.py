@@ -12,7 +12,7 @@ every rule; the thresholds are :class:`~stepscope.diagnose.thresholds.Thresholds
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Protocol
@@ -56,6 +56,19 @@ def _training(snapshot: Snapshot | None) -> TrainingView:
 def _mean(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return sum(present) / len(present) if present else None
+
+
+def _over_time(pairs: Iterable[tuple[float, float | None]]) -> float | None:
+    """The mean of rates or shares, each (seconds it spans, value), weighed by time:
+    a reading taken just after the one before spans a jiffy or two and reads all or
+    nothing; counted like a full interval it pulled a saturated host's busy share from
+    100% to 80% on a loaded 2-CPU machine."""
+    total = weight = 0.0
+    for seconds, value in pairs:
+        if value is not None:
+            total += seconds * value
+            weight += seconds
+    return total / weight if weight > 0 else None
 
 
 # "12 steps of 0.800 s: data_wait 12%, compute 62%, comm 19%, other 6%" (one format call;
@@ -366,7 +379,7 @@ class HostWindows:
         readings = self._readings = window.host_readings()
         # the first reading's CPU figures are since boot: skip it when there are others
         recent = self._recent = readings[1:] if len(readings) > 1 else readings
-        self._iowait = _mean([h.iowait for h in recent])
+        self._iowait = _over_time((h.seconds, h.iowait) for h in recent)
         self._cpu_pressure = _mean(
             [h.cpu_pressure.some_avg10 if h.cpu_pressure else None for h in recent]
         )
@@ -384,7 +397,7 @@ class HostWindows:
                 mine = [h.cpu_busy[c] for c in cpus if c < len(h.cpu_busy)]
                 return sum(mine) / len(mine) if mine and len(mine) < len(h.cpu_busy) else h.busy
 
-            self._busy[cpus] = _mean([busy(h) for h in self._recent])
+            self._busy[cpus] = _over_time((h.seconds, busy(h)) for h in self._recent)
         return self._busy[cpus]
 
     def of(self, pid: int | None) -> HostWindow | None:
@@ -404,10 +417,11 @@ class HostWindows:
         if procs and pid is not None:
             process = ProcessReading(
                 pid,
-                sum(p.cpu_cores for p in procs) / len(procs),
+                _over_time((p.seconds, p.cpu_cores) for p in procs) or 0.0,
                 round(sum(p.workers for p in procs) / len(procs)),
-                sum(p.workers_cpu_cores for p in procs) / len(procs),
+                _over_time((p.seconds, p.workers_cpu_cores) for p in procs) or 0.0,
                 procs[-1].cpus,
+                sum(p.seconds for p in procs),
             )
         # saturation is judged over the CPUs the rank may use (its affinity), if known
         cpus = procs[-1].cpus if procs else ()

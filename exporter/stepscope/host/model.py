@@ -29,6 +29,7 @@ class ProcessReading:
     DataLoader workers.
     ``cpus``: its CPU affinity (a cpuset or ``taskset``): "the CPUs are saturated"
     is judged over these, not over the whole host.
+    ``seconds``: the time since the previous read, the weight of these rates in a mean.
     """
 
     pid: int
@@ -36,6 +37,7 @@ class ProcessReading:
     workers: int
     workers_cpu_cores: float
     cpus: tuple[int, ...] = ()  # the CPUs the process may run on (affinity); () unknown
+    seconds: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,11 @@ class HostReading:
     """What one pass read from the host.
 
     ``cpu_busy`` per logical CPU and ``iowait`` (share of all CPU time) are since
-    the previous read. ``cpu_pressure`` / ``io_pressure`` are None where the kernel
-    has no PSI. ``processes`` holds the ranks' pids that could be read (a pid of
-    another PID namespace is simply absent).
+    the previous read, ``seconds`` ago: a mean over readings weighs each by it (a read
+    that came 10 ms after the last one is a jiffy or two, all busy or all idle).
+    ``cpu_pressure`` / ``io_pressure`` are None where the kernel has no PSI.
+    ``processes`` holds the ranks' pids that could be read (a pid of another PID
+    namespace is simply absent).
     """
 
     cpu_count: int
@@ -54,6 +58,7 @@ class HostReading:
     cpu_pressure: Pressure | None = None
     io_pressure: Pressure | None = None
     processes: Mapping[int, ProcessReading] = field(default_factory=dict)
+    seconds: float = 1.0
 
     @property
     def busy(self) -> float:

@@ -194,7 +194,7 @@ class HostSource(Source[HostReading]):
         # cores; nothing uses more cores than it may run on
         limit = float(len(cpus) or psutil.cpu_count() or 1)
         return ProcessReading(
-            pid, min(main / dt, limit), workers, min(workers_cpu / dt, limit), cpus
+            pid, min(main / dt, limit), workers, min(workers_cpu / dt, limit), cpus, dt
         )
 
     def read(self, ctx: ReadContext) -> HostReading:
@@ -229,4 +229,5 @@ class HostSource(Source[HostReading]):
             cpu_pressure=self._pressure("cpu"),
             io_pressure=self._pressure("io"),
             processes=processes,
+            seconds=dt,
         )

@@ -110,6 +110,29 @@ def test_data_wait_with_workers_tells_cpu_from_io_from_too_few_workers(
     assert by_rank(diag)[0].kind == kind
 
 
+def test_a_reading_that_spans_a_jiffy_does_not_weigh_like_a_second() -> None:
+    """CI, 2 CPUs, heavy augmentation on both: a host read a few ms after the one before
+    reads a tick or none, 0% busy, and counted like a full interval it pulled the
+    window's busy share under the saturation line (input_cpu read input, "CPUs are free
+    for more workers"). Each reading weighs by the time it spans."""
+    node = Node({"gpus": 1})
+    full = HostReading(2, (0.97,) * 2, processes={PID: ProcessReading(PID, 0.2, 2, 1.7)})
+    blip = HostReading(2, (0.0,) * 2, seconds=0.01,
+                       processes={PID: ProcessReading(PID, 0.0, 2, 0.0, seconds=0.01)})
+    passes = 0
+
+    def each_second() -> None:
+        nonlocal passes
+        passes += 1
+        node.host.reading = blip if passes % 3 == 0 else full
+        node.step(0, 0.5, data=0.4, gpu=0)
+
+    v = by_rank(node.run(20, each_second))[0]
+    assert v.kind == "input_cpu", v.evidence
+    assert v.signals["cpu_busy"] == pytest.approx(0.97, abs=0.01)
+    assert v.signals["dataloader_workers"] == 2
+
+
 def test_comm_wait_behind_a_slower_peer_is_waiting_on_peer_and_the_peer_computes() -> None:
     node = Node({"gpus": 2})
 

@@ -86,6 +86,8 @@ def test_a_rank_process_reads_its_dataloader_workers_and_their_cpu() -> None:
         proc = reading.processes[os.getpid()]
         assert proc.workers == 2
         assert 0.5 < proc.workers_cpu_cores < 1.3  # one spinning worker, one sleeping
+        # each reading says how long it spans: the weight of its rates in a window's mean
+        assert 0.5 <= reading.seconds < 5.0 and proc.seconds == reading.seconds
         assert reading.cpu_count == len(reading.cpu_busy) == (os.cpu_count() or 0)
         assert 0.0 < reading.busy <= 1.0
         if Path("/proc/pressure/cpu").exists():
