@@ -1,9 +1,14 @@
 """Goodput and badput: where each GPU-second a training job held on this node went.
 
-A rank holds its GPU from the start of its first reported step until its process ends
-(or the ingest forgets it). Every second of that is booked once, to productive step
-time (goodput) or to one cause of loss (badput), in GPU-seconds per job on the node, so
-a job's goodput and badput add up to the time its ranks held their GPUs.
+A rank holds its GPU from its process's start until the process ends (or the ingest
+forgets it). The time before its first step (imports, model and checkpoint loading,
+NCCL set-up, compilation before the loop) is ``program_startup``; where the process
+cannot be seen (UDP, another PID namespace), the node did not see its first steps (its
+warm-up: an exporter started mid-run), or the process reported for another rank or job
+before, the hold starts at the first reported step's start. Every second held is booked
+once, to productive step time (goodput) or to one cause of loss (badput), in GPU-seconds
+per job on the node, so a job's goodput and badput add up to the time its ranks held
+their GPUs.
 
 Each pass, the :class:`GoodputLedger` adds the time elapsed to each live rank's
 *pending* time (held, not yet explained) and books what the rank's counters explain
@@ -36,7 +41,7 @@ exporter's. docs/metrics.md#goodput-and-badput has the families.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -76,6 +81,9 @@ JOB_LINGER = 300.0
 # A rank seen ended is closed this long after: its last datagrams, sent just before its
 # process exited, may be aggregated after the pass that saw the exit.
 END_GRACE = 1.0
+# The most time before a first step booked as its process's startup; a longer gap is
+# not believed (a pid read wrong), and the hold starts at the first step.
+MAX_STARTUP = 6 * 3600.0
 
 _SPAN_INDEX = tuple(SPAN_CAUSES[name] for name in SPANS)
 
@@ -141,6 +149,43 @@ def _explained(seen: _Counters, now: _Counters) -> tuple[_Counters, float]:
     return d, phases[0] + phases[1] + phases[2] + phases[3] + d.warmup
 
 
+def _startup(r: RankView, first_start: float, started: Callable[[int], float | None]) -> float:
+    """Seconds from the rank's process start to its first step's start (Unix times),
+    where the process is seen and so are its warm-up steps (steps this node did not see
+    would be counted as startup); 0 otherwise, or when the gap is not sane."""
+    if not r.warmup_steps or not r.pid:
+        return 0.0
+    start = started(r.pid)
+    if start is None:
+        return 0.0
+    gap = first_start - start
+    return gap if 0.0 < gap <= MAX_STARTUP else 0.0
+
+
+class _Pids:
+    """The pids whose start-up has been booked: a process that reports for a second job
+    (a sweep, or fine-tuning after pre-training, in one process) held its GPU for the
+    first, not for the second's start-up. Bounded: the oldest half goes past ``limit``."""
+
+    def __init__(self, limit: int = 65536) -> None:
+        self._seen: dict[int, None] = {}
+        self._limit = limit
+
+    def first(self, pid: int | None) -> bool:
+        """Whether ``pid`` is seen here for the first time (and remember it)."""
+        if not pid or pid in self._seen:
+            return False
+        if len(self._seen) >= self._limit:
+            for old in list(self._seen)[: self._limit // 2]:
+                del self._seen[old]
+        self._seen[pid] = None
+        return True
+
+
+def _no_start(pid: int) -> float | None:
+    return None
+
+
 def _book(job: _Job, d: _Counters, total: float, seconds: float, kind: str) -> None:
     """Book ``seconds`` of explained time in the proportions of the rise ``d`` (which
     explains ``total`` seconds, :func:`_explained`)."""
@@ -178,6 +223,7 @@ class GoodputLedger:
     def __init__(self) -> None:
         self._books: dict[tuple[str, int], _Book] = {}
         self._jobs: dict[str, _Job] = {}
+        self._pids = _Pids()
 
     def update(
         self,
@@ -186,9 +232,11 @@ class GoodputLedger:
         wall: float,
         kinds: Mapping[tuple[str, int], str],
         finished: Mapping[tuple[str, int], FinishedRank],
+        started: Callable[[int], float | None] = _no_start,
     ) -> tuple[JobGoodput, ...]:
         """Fold in the pass at monotonic ``now`` (Unix time ``wall``): ``kinds``, each
-        rank's verdict kind; ``finished``, the ranks whose process has ended. Returns
+        rank's verdict kind; ``finished``, the ranks whose process has ended;
+        ``started``, when a pid's process started (Unix time), None if unknown. Returns
         every job's books.
 
         A job first seen on this pass is served at zero and booked from the next: a
@@ -203,7 +251,8 @@ class GoodputLedger:
                 self._jobs[r.job] = _Job()
                 continue
             job.gone_since = None
-            self._update_rank(key, r, job, now, wall, kinds.get(key, ""), finished.get(key))
+            self._update_rank(key, r, job, now, wall, kinds.get(key, ""), finished.get(key),
+                              started)  # fmt: skip
         for key in [k for k in self._books if k not in present]:  # forgotten by the ingest
             book = self._books.pop(key)
             self._end(book, self._jobs[key[0]], now)
@@ -211,7 +260,7 @@ class GoodputLedger:
 
     def _update_rank(
         self, key: tuple[str, int], r: RankView, job: _Job, now: float, wall: float,
-        kind: str, mark: FinishedRank | None,
+        kind: str, mark: FinishedRank | None, started: Callable[[int], float | None],
     ) -> None:  # fmt: skip
         book = self._books.get(key)
         if (book is not None and mark is None and book.steps == r.steps
@@ -227,6 +276,7 @@ class GoodputLedger:
             self._end(book, job, book.at)
             book = None
         fresh = book is None or (book.ended and mark is None)  # new, or stepping again
+        new = book is None
         if book is None:
             book = self._books[key] = _Book(r.created, now)
         if book.ended and mark is not None:
@@ -238,6 +288,8 @@ class GoodputLedger:
             book.ended = False
             book.at = now
             book.pending = total + max(0.0, wall - r.last_step_timestamp)
+            if new and self._pids.first(r.pid):  # and since its process started
+                job.add("program_startup", _startup(r, wall - book.pending, started))
         else:
             until = now if mark is None else max(book.at, mark.held_until)
             book.pending += until - book.at

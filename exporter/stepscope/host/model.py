@@ -30,6 +30,7 @@ class ProcessReading:
     ``cpus``: its CPU affinity (a cpuset or ``taskset``): "the CPUs are saturated"
     is judged over these, not over the whole host.
     ``seconds``: the time since the previous read, the weight of these rates in a mean.
+    ``started``: when the process started (Unix time, to a clock tick), None if unknown.
     """
 
     pid: int
@@ -38,6 +39,7 @@ class ProcessReading:
     workers_cpu_cores: float
     cpus: tuple[int, ...] = ()  # the CPUs the process may run on (affinity); () unknown
     seconds: float = 1.0
+    started: float | None = None
 
 
 @dataclass(frozen=True)

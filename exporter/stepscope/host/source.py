@@ -53,8 +53,25 @@ class _Tracked:
 
     proc: psutil.Process
     cpu: float
+    started: float | None = None
     children: dict[int, tuple[psutil.Process, float]] = field(default_factory=dict)
     helpers: set[int] = field(default_factory=set)
+
+
+def process_started(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """When process ``pid`` started, as Unix time to a clock tick (10 ms); None where
+    ``/proc`` does not say. psutil's ``create_time()`` adds the boot time's whole
+    second, off by up to a second: the start in ticks since boot (``stat`` field 22)
+    is set against ``CLOCK_BOOTTIME`` instead, both read now."""
+    try:
+        with open(proc / str(pid) / "stat", "rb") as f:
+            stat = f.read(4096)
+        # "pid (comm) state ppid ...": field 22 is the 20th after the comm's ")"
+        ticks = int(stat[stat.rindex(b")") + 2 :].split(b" ", 20)[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return time.time() - max(0.0, age)
 
 
 class ProcessParents:
@@ -151,7 +168,9 @@ class HostSource(Source[HostReading]):
         try:
             if tracked is None:
                 proc = psutil.Process(pid)
-                tracked = self._procs[pid] = _Tracked(proc, _cpu_seconds(proc))
+                tracked = self._procs[pid] = _Tracked(
+                    proc, _cpu_seconds(proc), process_started(pid)
+                )
                 main = 0.0
             else:
                 if not tracked.proc.is_running():  # ended, or its pid reused
@@ -194,7 +213,8 @@ class HostSource(Source[HostReading]):
         # cores; nothing uses more cores than it may run on
         limit = float(len(cpus) or psutil.cpu_count() or 1)
         return ProcessReading(
-            pid, min(main / dt, limit), workers, min(workers_cpu / dt, limit), cpus, dt
+            pid, min(main / dt, limit), workers, min(workers_cpu / dt, limit), cpus, dt,
+            tracked.started,
         )
 
     def read(self, ctx: ReadContext) -> HostReading:

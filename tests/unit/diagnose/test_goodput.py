@@ -38,6 +38,7 @@ class Run:
         self.kinds: dict[tuple[str, int], str] = {}
         self.finished: dict[tuple[str, int], FinishedRank] = {}
         self.books: tuple[JobGoodput, ...] = ()
+        self.started: dict[int, float] = {}  # pid -> when its process started (host source)
 
     def step(self, step: int, sender: Sender = OWNER, **changes: Any) -> None:
         dur = changes.get("dur", 1.0)
@@ -46,7 +47,8 @@ class Run:
 
     def tick(self) -> JobGoodput:
         self.books = self.ledger.update(
-            self.agg.view(), self.clock(), self.clock(), self.kinds, self.finished)
+            self.agg.view(), self.clock(), self.clock(), self.kinds, self.finished,
+            self.started.get)
         (job,) = self.books
         return job
 
@@ -115,6 +117,83 @@ def test_warm_up_steps_are_program_startup() -> None:
     assert causes(job)["program_startup"] == pytest.approx(22.0)
     assert job.goodput == pytest.approx(7.0)
     assert job.held == pytest.approx(32.0)
+
+
+def test_the_time_from_the_process_start_to_its_first_step_is_program_startup() -> None:
+    """Imports, model and checkpoint loading before the loop: the GPU is held from the
+    process's start (the host source reads it), not from the first step's."""
+    run = Run()
+    run.started[100] = run.clock() - 45.0  # 45 s before the first step began
+    run.step(0, warmup=True, dur=5.0)
+    run.tick()
+    for i in range(1, 11):
+        run.step(i)
+        job = run.tick()
+    assert causes(job)["program_startup"] == pytest.approx(45.0 + 5.0)
+    assert job.held == pytest.approx(45.0 + 5.0 + 10.0)
+    assert job.goodput == pytest.approx(7.0)
+
+
+@pytest.mark.parametrize(
+    ("started", "warmup", "why"),
+    [(None, True, "the process is not seen (UDP, another PID namespace)"),
+     (-45.0, False, "no warm-up seen: the node may have missed the first steps"),
+     (-7 * 3600.0, True, "a gap longer than MAX_STARTUP is not believed"),
+     (+3.0, True, "a start after the first step: another process's pid")],
+)
+def test_the_hold_starts_at_the_first_step_where_the_start_cannot_be_trusted(
+    started: float | None, warmup: bool, why: str
+) -> None:
+    run = Run()
+    if started is not None:
+        run.started[100] = run.clock() + started
+    run.step(0, warmup=warmup)
+    run.tick()
+    for i in range(1, 11):
+        run.step(i)
+        job = run.tick()
+    assert job.held == pytest.approx(11.0), why  # from the first step's start
+    assert causes(job).get("program_startup", 0.0) == pytest.approx(1.0 if warmup else 0.0)
+
+
+def test_a_process_that_reports_a_second_job_books_no_startup_for_it() -> None:
+    """One process, two jobs (a sweep; fine-tuning after pre-training): its start-up
+    before the first job's first step is the first job's, once."""
+    run = Run()
+    run.started[100] = run.clock() - 20.0
+    run.step(0, warmup=True)
+    run.tick()
+    run.step(1)
+    first = run.tick()
+    assert causes(first)["program_startup"] == pytest.approx(21.0)
+    for i in range(2):
+        run.step(i, job="finetune", warmup=i == 0)
+        run.books = run.ledger.update(run.agg.view(), run.clock(), run.clock(), run.kinds,
+                                      run.finished, run.started.get)  # fmt: skip
+    (second,) = [j for j in run.books if j.job == "finetune"]
+    assert causes(second).get("program_startup", 0.0) == pytest.approx(1.0)  # its warm-up
+
+
+def test_a_restarted_process_books_its_own_startup() -> None:
+    exited: set[int] = set()
+    run = Run(exited)
+    run.started[100] = run.clock() - 10.0
+    run.step(0, warmup=True)
+    run.tick()
+    for i in range(1, 5):
+        run.step(i)
+        run.tick()
+    exited.add(100)  # it crashed; a new process (pid 101) loads for 30 s and takes over
+    run.clock.t += 30.0
+    run.started[101] = run.clock() - 30.0
+    new = Sender(1000, 1000, 101)
+    run.step(5, sender=new, pid=101, warmup=True)
+    run.tick()
+    for i in range(6, 10):
+        run.step(i, sender=new, pid=101)
+        job = run.tick()
+    startup = causes(job)["program_startup"]
+    assert startup == pytest.approx(10.0 + 1.0 + 30.0 + 1.0)  # each start and warm-up step
 
 
 def test_a_fault_books_everything_to_hardware_fault_and_its_unexplained_end_too() -> None:

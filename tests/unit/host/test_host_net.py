@@ -9,9 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from stepscope.core.exposition import render
 from stepscope.host.model import Pressure, parse_pressure
-from stepscope.host.source import HostSource, ProcessParents
+from stepscope.host.source import HostSource, ProcessParents, process_started
 from stepscope.net.metrics import rdma_families
 from stepscope.net.rdma import read_rdma_ports
 from tests.support import REPO, parse_samples
@@ -97,6 +99,25 @@ def test_a_rank_process_reads_its_dataloader_workers_and_their_cpu() -> None:
         idle.kill()
         busy.wait()
         idle.wait()
+
+
+def test_a_process_start_is_read_to_a_clock_tick() -> None:
+    """When a rank's process started (goodput holds its GPU from then): within a tick or
+    two of the moment it was launched, not psutil's create_time (boot time's second)."""
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    after = time.time()
+    try:
+        started = process_started(child.pid)
+        assert started is not None
+        assert before - 0.03 <= started <= after + 0.03
+        reading = HostSource().read_pids([child.pid]).processes[child.pid]
+        assert reading.started == pytest.approx(started, abs=0.03)
+    finally:
+        child.kill()
+        child.wait()
+    assert process_started(child.pid) is None  # gone: unknown, never a guess
+    assert process_started(os.getpid(), Path("/nonexistent")) is None
 
 
 def test_children_are_found_in_one_pass_over_proc_whatever_the_command_is_called(
