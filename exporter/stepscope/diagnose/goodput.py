@@ -152,8 +152,11 @@ def _explained(seen: _Counters, now: _Counters) -> tuple[_Counters, float]:
 def _startup(r: RankView, first_start: float, started: Callable[[int], float | None]) -> float:
     """Seconds from the rank's process start to its first step's start (Unix times),
     where the process is seen and so are its warm-up steps (steps this node did not see
-    would be counted as startup); 0 otherwise, or when the gap is not sane."""
-    if not r.warmup_steps or not r.pid:
+    would be counted as startup); 0 otherwise, or when the gap is not sane. The process
+    is seen when the kernel named the sender and its pid is the one it reports: in
+    another PID namespace the reported pid names another process here (in a container
+    the trainer is often pid 1)."""
+    if not r.warmup_steps or not r.pid or r.owner_pid != r.pid:
         return 0.0
     start = started(r.pid)
     if start is None:

@@ -185,6 +185,10 @@ class RankView(NamedTuple):
     # when this process's state of the rank was made (monotonic receive time): a
     # restart (takeover) makes a new one, with counters from 0
     created: float = 0.0
+    # the kernel's pid of the sending process, in the exporter's PID namespace (0: not
+    # known: UDP, or a sender in a namespace the exporter cannot see); equal to ``pid``
+    # only where the process's /proc entry is the one the exporter reads
+    owner_pid: int = 0
 
     @property
     def measured_steps(self) -> int:
@@ -430,6 +434,7 @@ class _RankState:
             self.warmup_seconds,
             self.redo_seconds,
             self.created,
+            self.owner_pid,
         )
 
 

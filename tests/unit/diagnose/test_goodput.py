@@ -156,6 +156,25 @@ def test_the_hold_starts_at_the_first_step_where_the_start_cannot_be_trusted(
     assert causes(job).get("program_startup", 0.0) == pytest.approx(1.0 if warmup else 0.0)
 
 
+@pytest.mark.parametrize("kernel_pid", [0, 54321])
+def test_a_reported_pid_the_kernel_does_not_vouch_for_here_books_no_startup(
+    kernel_pid: int,
+) -> None:
+    """A rank in another pod: the kernel names no pid (0), or a host pid that is not the
+    one it reports (its own namespace's, often 1); /proc/<reported> here is another
+    process, whose start says nothing of the rank's."""
+    run = Run()
+    run.started[100] = run.clock() - 45.0
+    sender = Sender(1000, 1000, kernel_pid)
+    run.step(0, sender=sender, warmup=True)
+    run.tick()
+    for i in range(1, 11):
+        run.step(i, sender=sender)
+        job = run.tick()
+    assert job.held == pytest.approx(11.0)
+    assert causes(job)["program_startup"] == pytest.approx(1.0)  # its warm-up step only
+
+
 def test_a_process_that_reports_a_second_job_books_no_startup_for_it() -> None:
     """One process, two jobs (a sweep; fine-tuning after pre-training): its start-up
     before the first job's first step is the first job's, once."""
