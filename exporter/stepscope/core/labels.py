@@ -64,13 +64,19 @@ class GpuIdentity:
 
 @dataclass(frozen=True, slots=True)
 class RankIdentity:
-    """What names a training rank in labels, and where it runs (its GPU, its pid)."""
+    """What names a training rank in labels, and where it runs (its GPU, its pid).
+
+    ``pid`` is the pid the rank reports (its own PID namespace's: the ``pid`` label);
+    ``proc`` the pid of its process in this exporter's ``/proc``, None where the
+    exporter cannot see it (a rank in another pod: the kernel names no sender, or one
+    that differs from the pid it reports, often 1 in a container)."""
 
     job: str
     rank: int
     local_rank: int
     uuid: str | None = None
     pid: int | None = None
+    proc: int | None = None
 
 
 class LabelSchema:

@@ -786,7 +786,7 @@ def diagnose(
             gpu = gpu_of(rw.view.uuid)
             if gpu is not None:
                 claimed.add(gpu.info.uuid)
-            host = hosts.of(rw.view.pid)
+            host = hosts.of(rw.view.proc_pid)
             verdicts.append(rank_verdict(rw, gpu, host, peers, window, th))
     for g in _gpus(latest):
         if g.info.uuid in claimed:

@@ -75,28 +75,29 @@ class FinishedTracker:
             del self._alive[key]
         for key, r in present.items():
             mark = self._finished.get(key)
+            pid = r.proc_pid  # its process in this exporter's /proc, if visible
             if mark is not None:
                 if r.steps == mark.steps:
                     continue
-                if (r.steps > mark.steps and mark.pid is not None and r.pid == mark.pid
-                        and (host is None or r.pid not in host.processes)):
+                if (r.steps > mark.steps and mark.pid is not None and pid == mark.pid
+                        and (host is None or pid not in host.processes)):
                     # the last steps its process sent before it exited, received late
                     self._finished[key] = replace(mark, steps=r.steps)
                     continue
                 del self._finished[key]  # stepping again, or restarted
-            if r.pid is not None and host is not None:
-                if r.pid in host.processes:
-                    self._alive[key] = (r.pid, now)
+            if pid is not None and host is not None:
+                if pid in host.processes:
+                    self._alive[key] = (pid, now)
                     continue
                 alive = self._alive.get(key)
-                if alive is not None and alive[0] == r.pid:
+                if alive is not None and alive[0] == pid:
                     del self._alive[key]
                     # it exited between the pass that last saw it and this one (the
                     # middle, as the estimate), and not before its last step's end
                     last_step = now - max(0.0, snapshot.timestamp - r.last_step_timestamp)
                     self._finished[key] = FinishedRank(
                         now, f"its process (pid {r.pid}) exited", r.steps,
-                        max((alive[1] + now) / 2, last_step), r.pid)  # fmt: skip
+                        max((alive[1] + now) / 2, last_step), pid)  # fmt: skip
                     continue
             if key in self._alive or r.uuid is None or gpus is None:
                 continue

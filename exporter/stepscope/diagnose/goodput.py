@@ -152,13 +152,11 @@ def _explained(seen: _Counters, now: _Counters) -> tuple[_Counters, float]:
 def _startup(r: RankView, first_start: float, started: Callable[[int], float | None]) -> float:
     """Seconds from the rank's process start to its first step's start (Unix times),
     where the process is seen and so are its warm-up steps (steps this node did not see
-    would be counted as startup); 0 otherwise, or when the gap is not sane. The process
-    is seen when the kernel named the sender and its pid is the one it reports: in
-    another PID namespace the reported pid names another process here (in a container
-    the trainer is often pid 1)."""
-    if not r.warmup_steps or not r.pid or r.owner_pid != r.pid:
+    would be counted as startup); 0 otherwise, or when the gap is not sane."""
+    pid = r.proc_pid
+    if not r.warmup_steps or not pid:
         return 0.0
-    start = started(r.pid)
+    start = started(pid)
     if start is None:
         return 0.0
     gap = first_start - start
@@ -291,7 +289,7 @@ class GoodputLedger:
             book.ended = False
             book.at = now
             book.pending = total + max(0.0, wall - r.last_step_timestamp)
-            if new and self._pids.first(r.pid):  # and since its process started
+            if new and self._pids.first(r.proc_pid):  # and since its process started
                 job.add("program_startup", _startup(r, wall - book.pending, started))
         else:
             until = now if mark is None else max(book.at, mark.held_until)

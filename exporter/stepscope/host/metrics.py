@@ -32,7 +32,7 @@ def host_families(host: HostReading, labels: LabelSchema) -> list[Family]:
         "own process (process=main) and in its DataLoader workers together.",
     )
     for r in labels.ranks:
-        proc = host.processes.get(r.pid) if r.pid is not None else None
+        proc = host.processes.get(r.proc) if r.proc is not None else None
         if proc is None:
             continue
         lbl = labels.rank(r)

@@ -218,7 +218,7 @@ class HostSource(Source[HostReading]):
         )
 
     def read(self, ctx: ReadContext) -> HostReading:
-        return self.read_pids(r.pid for r in ctx.ranks if r.pid is not None)
+        return self.read_pids(r.proc for r in ctx.ranks if r.proc is not None)
 
     def families(self, part: HostReading, labels: LabelSchema) -> Iterable[Family]:
         return host_families(part, labels)

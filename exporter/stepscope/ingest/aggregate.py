@@ -186,9 +186,16 @@ class RankView(NamedTuple):
     # restart (takeover) makes a new one, with counters from 0
     created: float = 0.0
     # the kernel's pid of the sending process, in the exporter's PID namespace (0: not
-    # known: UDP, or a sender in a namespace the exporter cannot see); equal to ``pid``
-    # only where the process's /proc entry is the one the exporter reads
+    # known: UDP, or a sender in a namespace the exporter cannot see)
     owner_pid: int = 0
+
+    @property
+    def proc_pid(self) -> int | None:
+        """The rank's process in this exporter's /proc (RankIdentity.proc); None where
+        the exporter cannot see it."""
+        if self.ident is not None:
+            return self.ident.proc
+        return self.owner_pid or self.pid
 
     @property
     def measured_steps(self) -> int:
@@ -200,7 +207,8 @@ class RankView(NamedTuple):
         """What names this rank in labels, with its GPU and pid."""
         if self.ident is not None:
             return self.ident
-        return RankIdentity(self.job, self.rank, self.local_rank, self.uuid, self.pid)
+        return RankIdentity(self.job, self.rank, self.local_rank, self.uuid, self.pid,
+                            self.owner_pid or self.pid)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -462,7 +470,10 @@ def _new_rank(
         precision=rec.precision,
         owner_uid=uid,
         owner_pid=kpid,
-        ident=RankIdentity(rec.job, rec.rank, rec.local_rank, rec.uuid, rec.pid),
+        # the process to read in /proc: the one the kernel named (in a namespace below
+        # ours it reports another pid), or over UDP (no credentials) the one it reports
+        ident=RankIdentity(rec.job, rec.rank, rec.local_rank, rec.uuid, rec.pid,
+                           kpid or (rec.pid if uid is None else None)),
         job_state=job_state,
         created=now,
     )

@@ -156,23 +156,23 @@ def test_the_hold_starts_at_the_first_step_where_the_start_cannot_be_trusted(
     assert causes(job).get("program_startup", 0.0) == pytest.approx(1.0 if warmup else 0.0)
 
 
-@pytest.mark.parametrize("kernel_pid", [0, 54321])
-def test_a_reported_pid_the_kernel_does_not_vouch_for_here_books_no_startup(
-    kernel_pid: int,
-) -> None:
-    """A rank in another pod: the kernel names no pid (0), or a host pid that is not the
-    one it reports (its own namespace's, often 1); /proc/<reported> here is another
-    process, whose start says nothing of the rank's."""
-    run = Run()
-    run.started[100] = run.clock() - 45.0
-    sender = Sender(1000, 1000, kernel_pid)
-    run.step(0, sender=sender, warmup=True)
-    run.tick()
-    for i in range(1, 11):
-        run.step(i, sender=sender)
-        job = run.tick()
-    assert job.held == pytest.approx(11.0)
-    assert causes(job)["program_startup"] == pytest.approx(1.0)  # its warm-up step only
+def test_a_rank_in_another_pod_is_read_by_the_pid_the_kernel_names() -> None:
+    """A rank in another pod reports its own namespace's pid (here 100; often 1). With the
+    exporter in the host's PID namespace (hostPID) the kernel names its host pid, whose
+    /proc entry is the rank's; without, the kernel names none, and /proc/100 here is
+    another process (the exporter's own pod's), whose start says nothing of the rank's."""
+    for kernel_pid, startup in ((54321, 45.0 + 1.0), (0, 1.0)):
+        run = Run()
+        run.started[100] = run.clock() - 3 * 3600.0  # another process, here
+        run.started[54321] = run.clock() - 45.0
+        sender = Sender(1000, 1000, kernel_pid)
+        run.step(0, sender=sender, warmup=True)
+        run.tick()
+        for i in range(1, 11):
+            run.step(i, sender=sender)
+            job = run.tick()
+        assert causes(job)["program_startup"] == pytest.approx(startup), kernel_pid
+        assert job.held == pytest.approx(10.0 + startup)
 
 
 def test_a_process_that_reports_a_second_job_books_no_startup_for_it() -> None:

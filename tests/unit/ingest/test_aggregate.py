@@ -346,3 +346,25 @@ def test_achieved_flops_kept_incrementally_equal_the_window_recounted(seed: int)
             span = max(r[3] for r in live) - min(r[2] for r in live)
             want = sum(r[1] for r in live) / span
             assert got == pytest.approx(want, rel=1e-9, abs=1e-6), (clock.t, len(live))
+
+
+@pytest.mark.parametrize(
+    ("sender", "proc"),
+    [
+        (Sender(1000, 1000, 7), 7),  # same PID namespace: the pid it reports
+        (Sender(1000, 1000, 54321), 54321),  # another pod, exporter with hostPID
+        (Sender(1000, 1000, 0), None),  # another pod, no hostPID: not visible here
+        (None, 7),  # UDP: no credentials, the reported pid as before
+    ],
+)
+def test_the_process_read_for_a_rank_is_the_one_the_kernel_names(
+    sender: Sender | None, proc: int | None
+) -> None:
+    """The pid a rank reports is its own namespace's (the ``pid`` label, often 1 in a
+    container); its CPU, workers, exit and start are read from the process the kernel
+    names in the exporter's namespace, never from /proc/<reported> of another one."""
+    agg, _ = make()
+    assert agg.add(record(pid=7), sender) is None
+    (r,) = agg.view().ranks
+    assert r.pid == 7 and r.identity.pid == 7
+    assert r.proc_pid == proc and r.identity.proc == proc
