@@ -10,8 +10,10 @@ predates the power-limit fields, so the H200's enforced and default limits (700 
 as NVML reported them on that machine) are added. The shipped rules then evaluate for 40
 minutes and no alert may fire but StepscopeIngestDown (that run's exporter had no
 ingest socket: true, and proof that the replay is evaluated). The rules before issue 25
-fire StepscopeGpuPowerCapped here. (The live run on the GPU is owed while the device is
-not lent; this keeps what the GPU served honest against every rule change.)
+fire StepscopeGpuPowerCapped here. (The live run on the GPU, `python -m
+validation.gpu_healthy_alerts`, fired nothing, not even pending, on 2026-12-05:
+docs/validation/h200-2026-12-05/. This replay keeps what the GPU served honest against
+every later rule change, on CI, with no GPU.)
 """
 
 from __future__ import annotations
