@@ -46,6 +46,7 @@ from validation._classes import (
     pick_device,
     start_class_exporter,
 )
+from validation._gpt import gpt, non_embedding_params
 
 RULES = REPO / "deploy" / "prometheus" / "rules"
 JOB = "healthy"
@@ -127,7 +128,6 @@ def main() -> int:
 
     import torch
     import torch.nn.functional as F
-    from torch import nn
 
     from stepscope.train import StepReporter, transformer_flops_per_token
 
@@ -149,40 +149,9 @@ def main() -> int:
         d_model, n_layers, n_heads, seq, batch, vocab = 128, 2, 4, 64, 4, 512
     head_dim = d_model // n_heads
 
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-            self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-            self.proj = nn.Linear(d_model, d_model, bias=False)
-            self.fc1 = nn.Linear(d_model, 4 * d_model, bias=False)
-            self.fc2 = nn.Linear(4 * d_model, d_model, bias=False)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            b, t, _ = x.shape
-            q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, n_heads, head_dim).unbind(2)
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                               v.transpose(1, 2), is_causal=True)  # fmt: skip
-            x = x + self.proj(y.transpose(1, 2).reshape(b, t, d_model))
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-    class GPT(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.emb = nn.Embedding(vocab, d_model)
-            self.blocks = nn.ModuleList(Block() for _ in range(n_layers))
-            self.ln = nn.LayerNorm(d_model)
-            self.head = nn.Linear(d_model, vocab, bias=False)
-
-        def forward(self, idx: torch.Tensor) -> torch.Tensor:
-            x = self.emb(idx)
-            for blk in self.blocks:
-                x = blk(x)
-            return self.head(self.ln(x))
-
     torch.manual_seed(0)
-    model = GPT().to(device, torch.bfloat16)
-    n_params = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("emb"))
+    model = gpt(d_model, n_layers, n_heads, vocab).to(device, torch.bfloat16)
+    n_params = non_embedding_params(model)
     fpt = transformer_flops_per_token(n_params, n_layers, n_heads, head_dim, seq)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device == "cuda")
     data = torch.randint(0, vocab, (4, batch, seq + 1), device=device)

@@ -58,18 +58,34 @@ class _Tracked:
     helpers: set[int] = field(default_factory=set)
 
 
+# fields of /proc/<pid>/stat counted from the state (field 3, after the comm's ")")
+_PPID = 1  # field 4
+_STARTTIME = 19  # field 22: clock ticks since boot
+
+
+def _stat_field(path: str, index: int) -> int | None:
+    """Integer field ``index`` of the ``stat`` file in the process directory ``path``,
+    counted from the state; None when the process is gone or the file does not parse.
+    The comm before them may hold spaces and parentheses: fields start after its last ")"."""
+    try:
+        with open(os.path.join(path, "stat"), "rb") as f:
+            stat = f.read(4096)
+        return int(stat[stat.rindex(b")") + 2 :].split(b" ", index + 1)[index])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def process_started(pid: int, proc: Path = Path("/proc")) -> float | None:
     """When process ``pid`` started, as Unix time to a clock tick (10 ms); None where
     ``/proc`` does not say. psutil's ``create_time()`` adds the boot time's whole
     second, off by up to a second: the start in ticks since boot (``stat`` field 22)
     is set against ``CLOCK_BOOTTIME`` instead, both read now."""
+    ticks = _stat_field(os.path.join(proc, str(pid)), _STARTTIME)
+    if ticks is None:
+        return None
     try:
-        with open(proc / str(pid) / "stat", "rb") as f:
-            stat = f.read(4096)
-        # "pid (comm) state ppid ...": field 22 is the 20th after the comm's ")"
-        ticks = int(stat[stat.rindex(b")") + 2 :].split(b" ", 20)[19])
         age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, AttributeError):
+    except (OSError, ValueError, AttributeError):  # no CLOCK_BOOTTIME: not Linux
         return None
     return time.time() - max(0.0, age)
 
@@ -111,7 +127,7 @@ class ProcessParents:
                     continue
                 ppid = known.get(key)
                 if ppid is None or (parents is not None and ppid in parents):
-                    ppid = self._read(entry.path)
+                    ppid = _stat_field(entry.path, _PPID)
                     if ppid is None:
                         continue
                 seen[key] = ppid
@@ -119,16 +135,6 @@ class ProcessParents:
                     out.setdefault(ppid, []).append(key[0])
         self._ppid = seen
         return out
-
-    @staticmethod
-    def _read(path: str) -> int | None:
-        try:
-            with open(os.path.join(path, "stat"), "rb") as f:
-                stat = f.read(4096)
-            # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-            return int(stat[stat.rindex(b")") + 2 :].split(b" ", 2)[1])
-        except (OSError, ValueError, IndexError):
-            return None
 
 
 def _cpu_seconds(proc: psutil.Process) -> float:

@@ -185,17 +185,12 @@ class RankView(NamedTuple):
     # when this process's state of the rank was made (monotonic receive time): a
     # restart (takeover) makes a new one, with counters from 0
     created: float = 0.0
-    # the kernel's pid of the sending process, in the exporter's PID namespace (0: not
-    # known: UDP, or a sender in a namespace the exporter cannot see)
-    owner_pid: int = 0
 
     @property
     def proc_pid(self) -> int | None:
         """The rank's process in this exporter's /proc (RankIdentity.proc); None where
         the exporter cannot see it."""
-        if self.ident is not None:
-            return self.ident.proc
-        return self.owner_pid or self.pid
+        return self.identity.proc
 
     @property
     def measured_steps(self) -> int:
@@ -207,8 +202,7 @@ class RankView(NamedTuple):
         """What names this rank in labels, with its GPU and pid."""
         if self.ident is not None:
             return self.ident
-        return RankIdentity(self.job, self.rank, self.local_rank, self.uuid, self.pid,
-                            self.owner_pid or self.pid)  # fmt: skip
+        return RankIdentity(self.job, self.rank, self.local_rank, self.uuid, self.pid, self.pid)
 
 
 @dataclass(frozen=True)
@@ -442,7 +436,6 @@ class _RankState:
             self.warmup_seconds,
             self.redo_seconds,
             self.created,
-            self.owner_pid,
         )
 
 
