@@ -6,7 +6,8 @@ and measures its own time in each part with its own clock. Once its process has 
 the exporter's books for the job must add up to the time the loop held its GPU (from its
 process's start to its exit) within 1%, and each cause must be what the loop measured.
 A restarted loop that resumes from an earlier step books the steps it redoes as
-``wasted_progress_from_disruption``.
+``wasted_progress_from_disruption``. A final save after the last step is booked as a
+checkpoint, whether the loop closes its reporter or leaves it to the interpreter's exit.
 """
 
 from __future__ import annotations
@@ -68,13 +69,32 @@ def exporter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Exporte
     exp.stop()
 
 
-def _run(sock: str, job: str, steps: int, start: int = 0) -> dict[str, float]:
+FINAL_SAVE = """
+import json, sys, time
+from stepscope.train import StepReporter
+job, close = sys.argv[1], sys.argv[2] == "close"
+rep = StepReporter(job, warmup_steps=2, cuda=False)
+for i in range(20):
+    with rep.step(tokens=1024):
+        time.sleep(0.03)
+t = time.monotonic()
+with rep.phase("checkpoint"):  # the final save, after the last step
+    time.sleep(1.0)
+saved = time.monotonic() - t
+if close:
+    rep.close()
+print(json.dumps(dict(checkpoint=saved, t0=time.monotonic())), flush=True)
+"""
+
+
+def _run(sock: str, job: str, steps: int = 0, start: int = 0,
+         script: str = LOOP, *args: str) -> dict[str, float]:  # fmt: skip
     """The loop, to its end: what it measured of itself, ``held``: from its process's
     launch to its exit, and ``before_loop``: from the launch to its first step (its
     imports; time.monotonic is one clock for every process here)."""
     launch = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-c", LOOP, job, str(steps), str(start)],
+        [sys.executable, "-c", script, job, *(args or (str(steps), str(start)))],
         cwd=REPO, env={**os.environ, "STEPSCOPE_INGEST": sock},
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
@@ -164,3 +184,19 @@ def test_a_restart_that_resumes_from_an_earlier_step_books_the_redone_steps(
     restarts = [v for lbl, v in parse_samples(body.decode())["stepscope_training_restarts_total"]
                 if lbl.get("training_job") == "goodput-restart"]  # fmt: skip
     assert restarts == [1.0]
+
+
+@pytest.mark.parametrize("end", ["close", "exit"])
+def test_a_final_save_after_the_last_step_is_booked_as_checkpoint_not_idle(
+    exporter: tuple[Exporter, str], end: str
+) -> None:
+    exp, sock = exporter
+    job = f"goodput-final-{end}"
+    mine = _run(sock, job, 0, 0, FINAL_SAVE, job, end)
+    books = _settled(exp, job)
+    assert books["unproductive_checkpoint_save_time"] == pytest.approx(
+        mine["checkpoint"], rel=0.05), books
+    # from the save's end to the exit seen (a pass is 0.1 s): not the save
+    assert books["idle"] < 0.3, books
+    # a 2 s run: its launch and teardown are a larger share than in the runs above
+    assert sum(books.values()) == pytest.approx(mine["held"], abs=0.1), f"{books} {mine}"

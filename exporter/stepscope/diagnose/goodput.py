@@ -48,7 +48,7 @@ from typing import NamedTuple
 from stepscope.diagnose.finished import FinishedRank
 from stepscope.diagnose.model import JobGoodput
 from stepscope.ingest.aggregate import RankView, TrainingView
-from stepscope.shared.datagram import SPANS
+from stepscope.shared.datagram import SPANS, Phases
 
 # Every cause of badput, in the order they are served.
 BADPUT_TYPES: tuple[str, ...] = (
@@ -101,8 +101,13 @@ class _Counters(NamedTuple):
 
     @classmethod
     def of(cls, r: RankView) -> _Counters:
-        return cls(r.phase_seconds, r.span_seconds or _NO_SPANS,
-                   r.warmup_seconds, r.redo_seconds)  # fmt: skip
+        phases, spans = r.phase_seconds, r.span_seconds or _NO_SPANS
+        tail = r.tail_spans
+        if tail is not None:  # named after the last step: time between steps, by its name
+            data, compute, comm, other = phases
+            phases = Phases(data, compute, comm, other + r.tail_seconds)
+            spans = tuple(a + b for a, b in zip(spans, tail, strict=True))
+        return cls(phases, spans, r.warmup_seconds, r.redo_seconds)
 
 
 _ZERO = _Counters((0.0, 0.0, 0.0, 0.0), _NO_SPANS, 0.0, 0.0)
@@ -119,6 +124,7 @@ class _Book:
     kind: str = ""  # its latest verdict
     ended: bool = False
     steps: int = -1  # the rank's step count when last booked
+    tail: float = 0.0  # and its seconds named after its last step
 
 
 @dataclass(slots=True)
@@ -265,7 +271,8 @@ class GoodputLedger:
     ) -> None:  # fmt: skip
         book = self._books.get(key)
         if (book is not None and mark is None and book.steps == r.steps
-                and book.created == r.created and not book.ended):
+                and book.tail == r.tail_seconds and book.created == r.created
+                and not book.ended):
             # no step since the last pass: the time passed is held, unexplained yet
             book.pending += now - book.at
             book.at = now
@@ -282,7 +289,7 @@ class GoodputLedger:
             book = self._books[key] = _Book(r.created, now)
         if book.ended and mark is not None:
             book.seen = counters  # ended: nothing more is held
-            book.steps = r.steps
+            book.steps, book.tail = r.steps, r.tail_seconds
             return
         d, total = _explained(book.seen, counters)
         if fresh:  # held from its first reported step's start: those steps, and since
@@ -301,7 +308,7 @@ class GoodputLedger:
         _book(job, d, total, booked, book.kind)
         book.pending -= booked
         book.seen = counters
-        book.steps = r.steps
+        book.steps, book.tail = r.steps, r.tail_seconds
         if mark is not None:
             # time already counted past the end it was held until is not held
             book.pending = max(0.0, book.pending - max(0.0, book.at - mark.held_until))

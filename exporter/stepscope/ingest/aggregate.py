@@ -185,6 +185,11 @@ class RankView(NamedTuple):
     # when this process's state of the rank was made (monotonic receive time): a
     # restart (takeover) makes a new one, with counters from 0
     created: float = 0.0
+    # seconds after the rank's last step that it named (a final save or evaluation; the
+    # SDK's "tail" datagram, sent when its reporter closes): in no step, so in no phase;
+    # ``tail_spans`` splits them by SPANS (None: never sent)
+    tail_seconds: float = 0.0
+    tail_spans: tuple[float, ...] | None = None
 
     @property
     def proc_pid(self) -> int | None:
@@ -279,6 +284,8 @@ class _RankState:
     nccl_transport: str | None = None
     native: NativeCounts = field(default_factory=NativeCounts)
     spans: list[float] | None = None  # seconds per SPANS, once the rank names one
+    tail: float = 0.0  # seconds named after its last step ("tail" datagrams)
+    tail_spans: list[float] | None = None
     warmup_seconds: float = 0.0
     redo_seconds: float = 0.0
     max_step: int = -1  # the highest step number reported
@@ -310,6 +317,15 @@ class _RankState:
         self.dropped = rec.dropped
         if rec.nccl_transport is not None:  # a datagram without it says nothing new
             self.nccl_transport = rec.nccl_transport
+        if rec.tail:  # not a step: named time after the last one
+            self.tail += rec.dur
+            if rec.spans is not None:  # the goodput ledger's, not the job's step spans
+                mine = self.tail_spans
+                if mine is None:
+                    mine = self.tail_spans = [0.0] * len(SPANS)
+                for i, v in enumerate(rec.spans):
+                    mine[i] += v
+            return
         self.last_t = rec.t
         self.steps += 1
         dur = rec.dur
@@ -436,6 +452,8 @@ class _RankState:
             self.warmup_seconds,
             self.redo_seconds,
             self.created,
+            self.tail,
+            tuple(self.tail_spans) if self.tail_spans is not None else None,
         )
 
 
@@ -539,6 +557,9 @@ class Aggregator:
         kpid = sender.pid if sender is not None else 0
         with self._lock:
             state = self._ranks.get((rec.job, rec.rank))
+            if state is None and rec.tail:  # a rank is made by its steps: nothing to add to
+                self._accepted += 1
+                return None
             if state is None:
                 reason = self._admit(rec.job, uid, now, settings)
                 if reason is not None:
@@ -549,7 +570,8 @@ class Aggregator:
                 )
                 self._jobs[rec.job].ranks += 1
             elif state.owner_uid != uid or (state.owner_pid and kpid != state.owner_pid):
-                if not self._taken_over(state, uid, kpid):
+                # a tail takes nothing over: a new process's rank is made by its steps
+                if rec.tail or not self._taken_over(state, uid, kpid):
                     self._rejected["not_owner"] += 1
                     return "not_owner"
                 state = self._restart(state, rec, uid, kpid, now)

@@ -43,6 +43,13 @@ key                type      meaning
                             :data:`SPANS` count as ``other``; part of ``other``
 =================  ========  ==================================================
 
+A ``"type": "tail"`` datagram carries the named spans a rank ran after its last step (a
+final checkpoint save or evaluation), which no step follows to carry them: the same
+fields, ``step`` the number of the last step, ``dur`` the seconds from that step's end to
+the last span's end, ``spans`` their seconds, no phases (it is all between steps). The SDK
+sends it once, when the reporter closes (at exit too); an exporter older than it rejects
+it (reason ``type``), so that time stays unexplained there, as before.
+
 Phases: ``data + compute + comm <= dur`` (up to rounding); the rest of the step is
 ``other``. Unknown keys are ignored (forward compatibility within a version: an exporter
 older than ``nccl_transport`` or ``spans`` accepts datagrams carrying them); a different
@@ -230,7 +237,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "not_json",  # not valid JSON
     "not_object",  # valid JSON but not an object
     "version",  # "v" missing or not SCHEMA_VERSION
-    "type",  # "type" is not a known datagram type ("step")
+    "type",  # "type" is not a known datagram type ("step", "tail")
     "missing_field",  # a required field is absent
     "wrong_type",  # a field has the wrong JSON type
     "out_of_range",  # a number is NaN/inf, negative, too large, or phases exceed dur
@@ -295,6 +302,9 @@ class StepRecord(NamedTuple):
     nccl_transport: str | None = None
     # seconds of each of SPANS in this step's ``other`` (clamped to it); None: none named
     spans: tuple[float, ...] | None = None
+    # a "tail" datagram: not a step, the named spans after the rank's last step (all of
+    # ``dur`` is ``other``)
+    tail: bool = False
 
 
 class Rejection(NamedTuple):
@@ -366,7 +376,7 @@ def _label(obj: dict[str, Any], key: str, max_length: int) -> str | None:
     return value
 
 
-def _step(obj: dict[str, Any], limits: Limits) -> StepRecord:
+def _step(obj: dict[str, Any], limits: Limits, tail: bool = False) -> StepRecord:
     for key in ("job", "rank", "local_rank", "step", "t", "dur"):
         if key not in obj:
             raise _Reject("missing_field", f"{key} is required")
@@ -432,6 +442,7 @@ def _step(obj: dict[str, Any], limits: Limits) -> StepRecord:
         dropped,
         transport,
         spans,
+        tail,
     )
 
 
@@ -483,12 +494,12 @@ def parse_datagram(data: bytes, limits: Limits) -> StepRecord | Rejection:
     if type(v) is not int or v != SCHEMA_VERSION:
         return Rejection("version", f"v={v!r}, expected {SCHEMA_VERSION}")
     kind = obj.get("type")
-    if kind != "step":
+    if kind != "step" and kind != "tail":
         if kind is None:
             return Rejection("missing_field", "type is required")
         return Rejection("type", "unknown datagram type")
     try:
-        return _step(obj, limits)
+        return _step(obj, limits, kind == "tail")
     except _Reject as rej:
         return Rejection(rej.reason, rej.detail)
 
@@ -501,6 +512,8 @@ def parse_datagram(data: bytes, limits: Limits) -> StepRecord | Rejection:
 # exporter's parsed form is :class:`StepRecord`.
 Spans = tuple[tuple[str, float], ...]
 PendingStep = tuple[int, bool, float, float, float, float, float, int, float, Spans]
+# The named spans after a rank's last step: (last step's number, t, dur, spans).
+PendingTail = tuple[int, float, float, Spans]
 
 
 class StepEncoder:
@@ -534,6 +547,16 @@ class StepEncoder:
         if nccl_transport is not None:
             head["nccl_transport"] = nccl_transport
         self.prefix = json.dumps(head, separators=(",", ":"))[:-1] + ","
+        self.tail_prefix = self.prefix.replace('"type":"step"', '"type":"tail"', 1)
+
+    def encode_tail(self, record: PendingTail, dropped: int) -> bytes:
+        """The ``tail`` datagram for ``record``: the named spans after the last step."""
+        step, t, dur, spans = record
+        named = ",".join(f'"{n}":{v:.6f}' for n, v in spans)
+        return (
+            f'{self.tail_prefix}"step":{step},"t":{t:.6f},"dur":{dur:.9f},'
+            f'"dropped":{dropped},"spans":{{{named}}}}}'
+        ).encode()
 
     def encode(self, record: PendingStep, dropped: int) -> bytes:
         """The datagram for ``record``, ``dropped`` being the rank's count so far.

@@ -38,7 +38,14 @@ from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from stepscope.shared import datagram as schema
-from stepscope.shared.datagram import SPANS, PendingStep, Refusal, Spans, StepEncoder
+from stepscope.shared.datagram import (
+    SPANS,
+    PendingStep,
+    PendingTail,
+    Refusal,
+    Spans,
+    StepEncoder,
+)
 from stepscope.train import _nccl, ddp
 from stepscope.train._env import (
     cuda_device_uuid,
@@ -96,27 +103,52 @@ class _Encoders:
                 setattr(self, name, value)
             self.current = StepEncoder(*self._args, self.uuid, self.transport)
 
-    def encode(self, record: PendingStep, dropped: int) -> bytes:
+    def encode(self, record: PendingStep | PendingTail, dropped: int) -> bytes:
+        if len(record) == 4:  # PendingTail
+            return self.current.encode_tail(record, dropped)
         return self.current.encode(record, dropped)
 
 
 class _Poll:
     """What the sender thread does each tick for this reporter: hand over the CUDA
-    steps whose events completed, and watch NCCL's debug file."""
+    steps whose events completed, and watch NCCL's debug file; when the reporter
+    closes (or at exit), the named spans no step followed, as a tail."""
 
     def __init__(self, encoders: _Encoders) -> None:
         self.encoders = encoders
         self.timeline: CudaTimeline | None = None
         self.nccl: _nccl.TransportWatcher | None = None
+        # named spans since the last step (the reporter's, shared: each step takes them)
+        self.spans: dict[str, float] = {}
+        # for a tail: (the last step's number, the host time from which the spans are
+        # counted: that step's end or the previous tail's, the last span's end)
+        self.tail: tuple[int, float, float] | None = None
 
-    def __call__(self, final: bool) -> list[PendingStep | None]:
+    def __call__(self, final: bool) -> list[PendingStep | PendingTail | None]:
         watcher = self.nccl
         if watcher is not None and not final:
             found = watcher.poll()
             if found is not None and found != self.encoders.transport:
                 self.encoders.update(transport=found)
         timeline = self.timeline
-        return timeline.resolve(final) if timeline is not None else []
+        out: list[PendingStep | PendingTail | None] = []
+        if timeline is not None:
+            out += timeline.resolve(final)
+        if final and self.spans and self.tail is not None:
+            out.append(self._tail())
+        return out
+
+    def _tail(self) -> PendingTail | None:
+        """The spans after the last step, counted from its end to the last one's."""
+        assert self.tail is not None
+        number, since, until = self.tail
+        spans = tuple(self.spans.items())
+        self.spans.clear()
+        self.tail = (number, until, until)  # a later close counts from here
+        dur = until - since
+        if not 0.0 < dur <= schema.MAX_STEP_SECONDS:
+            return None
+        return (number, time.time() - (_clock() - until), dur, spans)
 
 
 class _StepContext:
@@ -151,7 +183,7 @@ class _PhaseContext:
         self._start: float | None = None
 
     def __enter__(self) -> None:
-        self._start = self._reporter._phase_enter()
+        self._start = self._reporter._phase_enter(self._name)
 
     def __exit__(
         self,
@@ -287,8 +319,8 @@ class StepReporter:
         self._timeline: CudaTimeline | None = None
         self._start_event: Any = None
         self._logged: set[str] = set()
-        self._spans: dict[str, float] = {}  # named spans since the last reported step
-        self._in_phase = False
+        self._spans = self._poll.spans  # named spans since the last reported step
+        self._open_phase: tuple[str, float] | None = None  # (name, start) of the open span
         self.nccl_debug_file: str | None = None
         if _nccl.wanted(nccl_transport, os.environ):
             self._watch_nccl()
@@ -422,8 +454,13 @@ class StepReporter:
     def close(self, timeout: float = 1.0) -> None:
         """Send what is queued (waiting at most ``timeout`` s for a busy exporter) and
         stop. CUDA steps whose events have not completed are dropped and counted.
-        Called at interpreter exit too (with a 0.2 s limit)."""
+        Called at interpreter exit too (with a 0.2 s limit). Named spans after the last
+        step (a final save: ``with phase("checkpoint")`` after the loop) are sent now,
+        one still open counted until now; spans named after ``close()`` are sent at
+        exit."""
         try:
+            if self._open_phase is not None:
+                self._phase_exit(*self._open_phase)
             self._sender.close(timeout)
         except Exception as err:
             self._warn_once("close", "stepscope: close: %r", err)
@@ -441,9 +478,9 @@ class StepReporter:
 
     # -- named spans between steps ---------------------------------------------
 
-    def _phase_enter(self) -> float | None:
+    def _phase_enter(self, name: str) -> float | None:
         """The span's start, or None when it does not count (nested, inside a step)."""
-        if self._in_phase:
+        if self._open_phase is not None:
             return None
         if self._open:
             self._warn_once(
@@ -452,17 +489,28 @@ class StepReporter:
                 "counted as a span",
             )
             return None
-        self._in_phase = True
-        return _clock()
+        start = _clock()
+        self._open_phase = (name, start)
+        return start
 
     def _phase_exit(self, name: str, start: float) -> None:
-        self._in_phase = False
-        if self._mark is None:
+        if self._open_phase is None or self._open_phase[1] != start:
+            return  # counted already (close() inside the span)
+        self._open_phase = None
+        mark = self._mark
+        if mark is None:
             return  # before the first step is timed: in no step's wall time
-        seconds = _clock() - start
+        end = _clock()
+        seconds = end - start
         if seconds > 0.0:
             spans = self._spans
             spans[name] = spans.get(name, 0.0) + seconds
+            if self._reported:  # a tail, if no step follows: from the last step's end
+                poll = self._poll
+                tail = poll.tail
+                number = self._next_number - 1
+                since = tail[1] if tail is not None and tail[0] == number else mark
+                poll.tail = (number, max(since, mark), end)
 
     def _take_spans(self) -> Spans:
         spans = self._spans

@@ -261,6 +261,75 @@ def test_a_rank_whose_process_ended_books_its_last_unexplained_time_as_idle() ->
     assert job.held == pytest.approx(13.0)
 
 
+def tail(step: int, t: float, dur: float, spans: tuple[float, ...]) -> StepRecord:
+    """The SDK's tail: named spans after the last step, no phases."""
+    return record(step, t, dur=dur, data_wait=0.0, compute=0.0, comm=0.0, other=dur,
+                  tokens=0, flops=0.0, spans=spans, tail=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("span, cause", [(0, "unproductive_checkpoint_save_time"),
+                                         (1, "evaluation")])  # fmt: skip
+def test_a_span_after_the_last_step_is_booked_by_its_name_not_as_idle(
+    span: int, cause: str
+) -> None:
+    run = Run()
+    for i in range(10):
+        run.step(i)
+        run.tick()
+    for _ in range(4):  # a final save of 4 s: pending meanwhile
+        run.clock.t += 1.0
+        job = run.tick()
+    assert job.pending == pytest.approx(4.0)
+    spans = [0.0] * len(SPANS)
+    spans[span] = 3.5  # and 0.5 s of the loop's own work before it
+    assert run.agg.add(tail(9, run.clock(), 4.0, tuple(spans)), OWNER) is None
+    job = run.tick()  # booked as soon as it is received, before the process is seen gone
+    assert causes(job)[cause] == pytest.approx(3.5)
+    assert causes(job)["other"] == pytest.approx(1.0 + 0.5)  # 0.1 s of each step's too
+    assert job.pending == pytest.approx(0.0, abs=1e-9)
+    view = run.agg.view()
+    assert view.ranks[0].steps == 10  # a tail is no step
+    assert view.ranks[0].phase_seconds.other == pytest.approx(1.0)
+    assert view.jobs[0].span_seconds is None  # nor a step's span
+    run.clock.t += 1.0
+    run.finished[("llama", 0)] = FinishedRank(run.clock(), "exited", 10, run.clock() - 0.5)
+    run.tick()
+    run.clock.t += END_GRACE
+    job = run.tick()
+    assert causes(job)["idle"] == pytest.approx(0.5)  # up to when it was last seen alive
+    assert job.held == pytest.approx(14.5)
+
+
+def test_a_tail_received_after_the_exit_was_seen_is_booked_within_the_grace() -> None:
+    run = Run()
+    for i in range(10):
+        run.step(i)
+        run.tick()
+    run.clock.t += 3.0
+    run.finished[("llama", 0)] = FinishedRank(run.clock(), "exited", 10, run.clock())
+    run.tick()
+    run.clock.t += 0.5
+    assert run.agg.add(tail(9, run.clock() - 0.5, 3.0, (3.0, 0.0, 0.0, 0.0)), OWNER) is None
+    run.tick()
+    run.clock.t += END_GRACE
+    job = run.tick()
+    assert causes(job)["unproductive_checkpoint_save_time"] == pytest.approx(3.0)
+    assert "idle" not in causes(job)
+    assert job.held == pytest.approx(13.0)
+
+
+def test_a_tail_neither_makes_a_rank_nor_takes_one_over() -> None:
+    exited: set[int] = set()
+    run = Run(exited)
+    assert run.agg.add(tail(9, run.clock(), 3.0, (3.0, 0.0, 0.0, 0.0)), OWNER) is None
+    assert run.agg.view().ranks == ()
+    run.step(0)
+    exited.add(100)
+    new = Sender(1000, 1000, 200)
+    assert run.agg.add(tail(9, run.clock(), 3.0, (3.0, 0.0, 0.0, 0.0)), new) == "not_owner"
+    assert run.agg.view().ranks[0].tail_seconds == 0.0
+
+
 def test_a_restart_redoes_lost_steps_as_wasted_progress() -> None:
     exited: set[int] = set()
     run = Run(exited)

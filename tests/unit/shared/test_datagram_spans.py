@@ -108,3 +108,19 @@ def test_empty_spans_mean_none() -> None:
     obj["spans"] = {"checkpoint": 0.0}
     rec = parse_datagram(json.dumps(obj).encode(), Limits())
     assert isinstance(rec, StepRecord) and rec.spans is None
+
+
+def test_a_tail_carries_the_spans_after_the_last_step_and_is_no_step(tmp_path: Path) -> None:
+    enc = StepEncoder("llama", 3, 1, 4, "bf16", "GPU-a")
+    data = enc.encode_tail((41, 1.7e9, 4.5, (("checkpoint", 4.0), ("logging", 0.25))), 2)
+    rec = parse_datagram(data, Limits())
+    assert isinstance(rec, StepRecord) and rec.tail
+    assert (rec.job, rec.rank, rec.local_rank, rec.world_size, rec.uuid) == (
+        "llama", 3, 1, 4, "GPU-a")
+    assert (rec.step, rec.dur, rec.other, rec.dropped) == (41, 4.5, 4.5, 2)
+    assert rec.spans == (4.0, 0.0, 0.25, 0.0)
+    assert not parse_datagram(_sdk_datagram((("checkpoint", 1.0),)), Limits()).tail  # type: ignore[union-attr]
+    # an exporter older than tails refuses it by its type, and nothing else
+    old = _old_datagram_module(tmp_path)
+    refused = old.parse_datagram(data, old.Limits())
+    assert refused.reason == "type"

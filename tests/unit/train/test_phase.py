@@ -88,3 +88,43 @@ def test_an_exception_in_a_span_propagates_and_the_span_still_counts(
     _, second = receiver.take(2)
     rep.close()
     assert set(second["spans"]) == {"checkpoint"}
+
+
+def test_spans_after_the_last_step_are_sent_as_a_tail_when_the_reporter_closes(
+    receiver: Receiver,
+) -> None:
+    rep = StepReporter("j", warmup_steps=0, cuda=False, ingest=receiver.url)
+    _step(rep)
+    _step(rep)
+    time.sleep(0.05)  # the loop's own work after its last step
+    with rep.phase("checkpoint"):  # the final save
+        time.sleep(0.2)
+    with rep.phase("evaluation"):  # open when the reporter closes: counted until then
+        time.sleep(0.1)
+        rep.close()
+    first, second, tail = receiver.take(3)
+    assert (first["type"], second["type"], tail["type"]) == ("step", "step", "tail")
+    assert tail["step"] == second["step"] == 1
+    assert set(tail["spans"]) == {"checkpoint", "evaluation"}
+    assert 0.2 <= tail["spans"]["checkpoint"] < 0.3
+    assert 0.1 <= tail["spans"]["evaluation"] < 0.2
+    # from the last step's end: the loop's work before the save is in it, as other
+    assert 0.35 <= tail["dur"] < 0.5
+    assert tail["dur"] >= tail["spans"]["checkpoint"] + tail["spans"]["evaluation"] + 0.05
+    assert receiver.pending() == 0  # sent once
+
+
+def test_no_tail_without_spans_after_the_last_step_nor_before_any_step(
+    receiver: Receiver,
+) -> None:
+    rep = StepReporter("j", warmup_steps=0, cuda=False, ingest=receiver.url)
+    with rep.phase("checkpoint"):  # loading, before any step
+        time.sleep(0.01)
+    _step(rep)
+    with rep.phase("checkpoint"):
+        time.sleep(0.01)
+    _step(rep)  # carries the span: nothing is left for a tail
+    rep.close()
+    _, second = receiver.take(2)
+    assert "spans" in second and second["type"] == "step"
+    assert receiver.pending() == 0  # close() sent what it had before returning
