@@ -2,6 +2,7 @@
 
     python -m validation.gpu_lost_time --out DIR            # on a CUDA GPU (the H200)
     python -m validation.gpu_lost_time --out DIR --cpu      # rehearsal, simulated GPU
+    python -m validation.gpu_lost_time --out DIR --final-save   # the final save alone
 
 Each class is a small training loop made to lose its GPU one way, reporting every step
 through the SDK (``StepReporter``: CUDA event timing on a GPU) to a ``stepscope serve``
@@ -20,6 +21,11 @@ child). After the diagnosis window has filled, the rank's verdict is read from
   memory (``.to("cuda")``, blocking) and runs one bf16 matmul: PCIe receive busy, SMs
   idle; expected ``transfer_bound`` (it read ``host_bound``, advice CUDA graphs).
 - ``resident``: the fix, the same batch kept on the GPU: expected ``compute``.
+- ``final_save``: the ``compute`` steps, then after the last one a synchronous save of
+  ``--checkpoint-mb`` MB inside ``reporter.phase("checkpoint")`` and ``close()``
+  (issue 34 item 3): expected ``compute`` while it steps, and the save, timed by the
+  loop's own clock, booked as ``unproductive_checkpoint_save_time``, not ``idle``.
+  ``--final-save`` runs this class alone.
 
 ``--cpu`` runs the loops on the CPU against an exporter with one simulated H200 whose
 scenario plays what the GPU would show (``pageable_copy``: ``wait: copy``, PCIe receive
@@ -60,6 +66,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "checkpoint_unnamed": ("between_steps", None),
     "pageable_copy": ("transfer_bound", None),
     "resident": ("compute", None),
+    "final_save": ("compute", None),
 }
 # --cpu: what the simulated GPU shows for each class (docs/scenarios.md)
 CPU_SCENARIOS: dict[str, dict[str, Any]] = {
@@ -69,6 +76,7 @@ CPU_SCENARIOS: dict[str, dict[str, Any]] = {
     "pageable_copy": {"activity": "sawtooth", "period": 0.01, "duty": 0.1, "level": 0.9,
                       "wait": "copy"},
     "resident": {},
+    "final_save": {},
 }
 WINDOW = 10.0  # diagnosis window (s): holds several checkpoints at the default --every
 SIGNALS = ("sm_active", "gpu_util", "pcie_rx_bytes_per_second", "main_cpu_cores",
@@ -93,7 +101,7 @@ def _loop(name: str, device: str, a: argparse.Namespace, tmp: Path,
     cuda = device == "cuda"
     n = 8192 if cuda else 512
     w = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    if name == "compute":
+    if name in ("compute", "final_save"):
 
         def matmuls(i: int) -> None:
             for _ in range(4):
@@ -165,6 +173,7 @@ def run_class(name: str, device: str, a: argparse.Namespace, tmp: Path,
         elapsed = time.perf_counter() - t0
         polls.stop.set()
         poller.join(timeout=5)
+        saved = _final_save(a, device, tmp, rep.phase) if name == "final_save" else None
         rep.close()
         time.sleep(1.5)  # the last steps booked (a pass or two)
         books = _goodput(exporter.diagnosis(), name)
@@ -181,7 +190,42 @@ def run_class(name: str, device: str, a: argparse.Namespace, tmp: Path,
                 and (modifier is not None or kind != "between_steps" or not v["modifiers"]))
 
     return {**tally(name, EXPECTED[name], polls.polls, steps, elapsed, SIGNALS, right),
-            "goodput": books}
+            "goodput": books, "final_save_seconds": saved}
+
+
+def _final_save(a: argparse.Namespace, device: str, tmp: Path,
+                phase: Callable[[str], Any]) -> float:  # fmt: skip
+    """The save after the last step (fsynced, inside ``phase("checkpoint")``); its
+    seconds by the loop's own clock."""
+    import torch
+
+    state = {"weights": torch.randn(a.checkpoint_mb * (1 << 19), device=device,
+                                    dtype=torch.bfloat16)}  # fmt: skip
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    with phase("checkpoint"), open(tmp / "final.pt", "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    return time.perf_counter() - t
+
+
+def render_final_save(rows: list[dict[str, Any]]) -> list[str]:
+    """The final save against what the books say of it."""
+    out = []
+    for r in rows:
+        saved, books = r.get("final_save_seconds"), r.get("goodput")
+        if saved is None or not books:
+            continue
+        causes = books["badput_gpu_seconds"]
+        booked = causes.get("unproductive_checkpoint_save_time") or 0.0
+        out += ["", f"Final save after the last step ({r['class']}): {saved:.3f} s by the "
+                f"loop's clock; booked as checkpoint {booked:.3f} s "
+                f"({100 * (booked - saved) / saved:+.1f}%), idle "
+                f"{causes.get('idle') or 0.0:.3f} s, pending "
+                f"{books['pending_gpu_seconds']:.3f} s."]  # fmt: skip
+    return out
 
 
 def _goodput(doc: dict[str, Any] | None, job: str) -> dict[str, Any] | None:
@@ -246,6 +290,7 @@ def render(rows: list[dict[str, Any]], device_name: str) -> str:
             f"{'-' if main is None else f'{main:.2f}'} |"
         )
     out += render_goodput(rows)
+    out += render_final_save(rows)
     out += ["", "Verdicts with modifiers, advice and evidence (last poll):", ""]
     for r in rows:
         if "error" not in r:
@@ -259,7 +304,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--cpu", action="store_true", help="rehearse on the CPU, simulated GPU")
     ap.add_argument("--seconds", type=float, default=12.0, help="verdict polls per class")
-    ap.add_argument("--classes", nargs="*", default=list(EXPECTED), choices=list(EXPECTED))
+    ap.add_argument("--classes", nargs="*", choices=list(EXPECTED),
+                    default=[c for c in EXPECTED if c != "final_save"])  # fmt: skip
     ap.add_argument("--every", type=int, default=5, help="steps between checkpoints")
     ap.add_argument("--checkpoint-mb", type=int, default=None,
                     help="MB saved per checkpoint (default 1024 on a GPU, 128 on the CPU)")
@@ -267,7 +313,11 @@ def main() -> int:
                     help="MB copied per step, pageable_copy (default 512 on a GPU, 32 CPU)")
     ap.add_argument("--budget", type=float, default=290.0,
                     help="seconds after which no further class starts")
+    ap.add_argument("--final-save", action="store_true",
+                    help="run the final_save class alone (a save after the last step)")
     a = ap.parse_args()
+    if a.final_save:
+        a.classes = ["final_save"]
     a.out.mkdir(parents=True, exist_ok=True)
     picked = pick_device(a.cpu, "gpu_lost_time")
     if picked is None:
