@@ -236,7 +236,7 @@ def measure_exporter(ranks: int, window: float, seconds: float) -> dict[str, flo
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 256, 512])
     parser.add_argument("--windows", type=float, nargs="+", default=[30.0, 60.0])
     parser.add_argument("--passes", type=int, default=20, help="timed passes (median)")

@@ -167,7 +167,7 @@ def stepscope_cmd(port: int, extra: list[str]) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--simulate", type=int, action="append", default=[],
                     help="measure stepscope with N simulated GPUs (repeatable)")
     ap.add_argument("--real", action="store_true", help="measure stepscope on the real GPUs")

@@ -242,7 +242,7 @@ def promtool_alerts(series: dict[str, list[float | None]], minutes: int,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--minutes", type=int, default=30)

@@ -50,7 +50,7 @@ def right(report: dict[str, Any], slow: str, rank: str, thermal: bool) -> bool:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--scrape", default="15s")
     ap.add_argument("--slow-at", type=float, default=150.0)

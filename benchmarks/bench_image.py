@@ -58,7 +58,7 @@ def _venv_by_package(ctr: str) -> list[tuple[str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--cold", action="store_true",
                         help="make the base anew (drop the cached tarball and image first)")
     args = parser.parse_args()

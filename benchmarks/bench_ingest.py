@@ -192,7 +192,7 @@ def over_udp(n: int, rate: float) -> Row:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("-n", type=int, default=500_000, help="datagrams per run")
     parser.add_argument("--udp-rate", type=float, default=50_000.0, help="UDP send rate")
     args = parser.parse_args()

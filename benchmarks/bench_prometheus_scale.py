@@ -545,7 +545,7 @@ def report(results: list[dict[str, Any]], interval: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000])
     parser.add_argument("--nodes-per-job", type=int, default=250,
                         help="nodes of one training job (8 ranks each); default 250")

@@ -127,7 +127,7 @@ def run(prometheus: str, layout: Layout, interval: str, warmup: float,
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--nodes-per-job", type=int, default=250)
     parser.add_argument("--interval", default="15s", help="the agent's scrape interval")

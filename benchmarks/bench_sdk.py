@@ -255,7 +255,7 @@ def run(steps: int, gap_ns: int, cuda: bool = False, blocks: int = 10) -> list[R
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--gap-us", type=int, default=200, help="busy time between steps")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",

@@ -385,7 +385,7 @@ def rss_trend(trend: list[tuple[float, int]]) -> dict[str, float]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--ranks", type=int, default=512, help="live ranks (jobs of 64)")
     parser.add_argument("--hostile-rate", type=float, default=5000.0,

@@ -249,7 +249,7 @@ def handshakes(n: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--cost", type=int, action="append", help="bcrypt cost (10, 12)")
     parser.add_argument("--clients", type=int, action="append", help="flood sizes (0, 4, 8)")
     parser.add_argument("--seconds", type=float, default=5.0, help="scraping per row")

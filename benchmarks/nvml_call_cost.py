@@ -114,7 +114,7 @@ def gpm_ids(tiers: frozenset[Tier]) -> list[int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     parser.add_argument("--device", type=int, default=0)
     parser.add_argument("--calls", type=int, default=100)
     args = parser.parse_args()

@@ -4,12 +4,11 @@ repository holds what they make.
 Exit status: 0 when done (or, with ``--check``, when every generated file is current), 1
 when ``--check`` finds a file that differs, ``stepscope.__version__`` is not
 MAJOR.MINOR.PATCH or the chart archive cannot be built, 2 when the Helm engine is not
-installed.
+installed or for a bad argument (one line naming it).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -38,6 +37,7 @@ from generate.constants import (
     REPO,
     VERSION_FILE,
 )
+from stepscope.app.args import ArgumentParser
 
 NO_HELM = (
     "python -m generate renders the chart with the Helm engine in-process: "
@@ -123,7 +123,7 @@ def check(repo: Path = REPO) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="python -m generate",
         description="Rewrite the repository's generated files (the chart's and the image's "
         "version, dashboards, the alert and recording rules from their sources and the fleet "
@@ -136,6 +136,13 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="DIR", help="then build the chart archive into DIR "
                         "(default: dist/); with --check, only when everything is current")
     args = parser.parse_args(argv)
+    if args.package is not None:  # before the steps run: a typo costs no generation
+        try:
+            args.package.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"--package {args.package}: cannot make it: {exc.strerror or exc}")
+        if not os.access(args.package, os.W_OK):
+            parser.error(f"--package {args.package}: not writable")
     try:
         import helm_python  # noqa: F401
     except ImportError:

@@ -356,7 +356,7 @@ def markdown(text: str, command: list[str], out: Path, names: list[str],
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--calls", type=int, default=1000, help="calls per cost measurement")
     args = ap.parse_args()

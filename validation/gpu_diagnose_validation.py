@@ -154,7 +154,7 @@ def fmt(v: Any, pct: bool = False) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--seconds", type=float, default=18.0, help="measured seconds per row")
     ap.add_argument("--cpus", type=int, default=0, help="pin to this many CPUs (0: all)")

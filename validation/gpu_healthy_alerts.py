@@ -118,7 +118,7 @@ class Watch:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--seconds", type=float, default=420.0, help="training time")
     ap.add_argument("--scrape", type=int, default=15, help="scrape and evaluation interval (s)")

@@ -300,7 +300,7 @@ def render(rows: list[dict[str, Any]], device_name: str) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--cpu", action="store_true", help="rehearse on the CPU, simulated GPU")
     ap.add_argument("--seconds", type=float, default=12.0, help="verdict polls per class")

@@ -37,7 +37,7 @@ def series(text: str, name: str, match: str = "") -> list[float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--seconds", type=float, default=45.0)
     args = ap.parse_args()

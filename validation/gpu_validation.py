@@ -90,7 +90,7 @@ def drop_privileges() -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--phase", type=float, default=25.0, help="seconds per load phase")
     args = ap.parse_args()

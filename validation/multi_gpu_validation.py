@@ -185,7 +185,7 @@ def _torch_version() -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     ap.add_argument("--cpu", action="store_true", help="gloo + simulated GPUs (no CUDA)")
     ap.add_argument("--ranks", type=int, default=0, help="ranks (GPU default: all GPUs; CPU: 2)")

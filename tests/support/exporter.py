@@ -94,6 +94,21 @@ def start_exporter(
     raise AssertionError("exporter did not start:\n" + "".join(lines))
 
 
+def refused_start(
+    args: Sequence[str], env: dict[str, str] | None = None, timeout: float = 60.0
+) -> tuple[int, str]:
+    """Run ``stepscope serve`` that must not start: its exit status and stderr. One that
+    starts serving instead runs into ``timeout`` (a failure, not a hang)."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("STEPSCOPE_CONFIG", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "stepscope", "serve", "--listen", "127.0.0.1:0", *args],
+        capture_output=True, text=True, env=full_env, timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    return done.returncode, done.stderr
+
+
 def _drain(proc: subprocess.Popen[str], lines: list[str]) -> None:
     """Keep reading stderr in the background so the pipe never fills."""
     def run() -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 
 def _args() -> argparse.Namespace:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("mode", choices=("loader", "ddp"))
     p.add_argument("--job", default="workload")
     p.add_argument("--seconds", type=float, default=20.0)

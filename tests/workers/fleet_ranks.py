@@ -24,7 +24,7 @@ from stepscope.train import StepReporter
 
 
 def _args() -> argparse.Namespace:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(allow_abbrev=False)
     p.add_argument("--job", default="fleet-llm")
     p.add_argument("--rank", action="append", required=True, metavar="INGEST,UUID")
     p.add_argument("--compute", type=float, default=0.30)

@@ -280,7 +280,7 @@ def launch(mode: str, job: str, result: Path, ingest: str, *, ranks: int, steps:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--mode", choices=sorted(MODES), required=True)
     ap.add_argument("--job", required=True)
     ap.add_argument("--result", required=True)

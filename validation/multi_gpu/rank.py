@@ -118,7 +118,7 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--job", required=True)
     ap.add_argument("--ingest", required=True)
     ap.add_argument("--seconds", type=float, required=True, help="measured s after warm-up")

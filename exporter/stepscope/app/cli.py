@@ -1,10 +1,12 @@
 """The ``stepscope`` command line.
 
 Exit status: 0 on a clean stop, 2 for a usage or configuration problem (bad
-flag, bad config or scenario file, no NVIDIA driver), 1 when serving failed (and
-when the driver was loaded after a ``--wait-for-driver`` start and NVML still
-fails: a restart by the service manager is what fixes that). Errors are one line
-on stderr, never a traceback.
+flag, bad config or scenario file, an address no interface has, an explicitly
+configured feature that cannot start, no NVIDIA driver), 1 when serving failed (the
+port is taken; and when the driver was loaded after a ``--wait-for-driver`` start and
+NVML still fails: a restart by the service manager is what fixes that). Errors are one
+line on stderr, never a traceback; options are never abbreviated
+(:mod:`stepscope.app.args`).
 """
 
 from __future__ import annotations
@@ -15,13 +17,15 @@ import difflib
 import errno
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from stepscope import __version__
-from stepscope.app.config import Config, Listen, env_name, load
+from stepscope.app.args import EXIT_USAGE, ArgumentParser
+from stepscope.app.config import Config, Listen, env_name, load, unknown_variables
 from stepscope.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -29,7 +33,6 @@ if TYPE_CHECKING:
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
-EXIT_USAGE = 2
 
 log = logging.getLogger("stepscope")
 
@@ -43,7 +46,7 @@ MAX_RETRY_S = 15.0
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="stepscope",
         description="Per-node Prometheus exporter for distributed deep-learning training.",
     )
@@ -206,6 +209,8 @@ def serve(flags: dict[str, Any]) -> int:
         _error(str(exc))
         return EXIT_USAGE
     configure_logging(cfg.log_level, cfg.log_format)
+    for line in unknown_variables(os.environ):
+        log.warning("%s", line)
     try:
         backend = build_backend_waiting(cfg, build_backend)
     except NoDriverError as exc:
@@ -237,7 +242,9 @@ def serve(flags: dict[str, Any]) -> int:
     except OSError as exc:
         backend.close()
         _error(_serve_failure(cfg, exc))
-        return EXIT_FAILURE
+        # an address no interface has, or a name that resolves to none, is a bad --listen
+        bad_address = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+        return EXIT_USAGE if bad_address else EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_OK
     return EXIT_OK
@@ -245,9 +252,12 @@ def serve(flags: dict[str, Any]) -> int:
 
 def _serve_failure(cfg: Config, exc: OSError) -> str:
     """One line: why the HTTP port could not be bound, and what to do."""
+    where = f"cannot serve on {cfg.listen}"
+    if isinstance(exc, socket.gaierror):
+        return f"{where}: cannot resolve {cfg.listen.host!r} ({exc.strerror}); fix --listen"
     # asyncio's message repeats the address; the errno's text says it once
     why = os.strerror(exc.errno) if exc.errno else str(exc)
-    where = f"cannot serve on {cfg.listen}: {why}"
+    where = f"{where}: {why}"
     if exc.errno == errno.EADDRINUSE:
         return (
             f"{where}: another process listens there (a second stepscope, or "

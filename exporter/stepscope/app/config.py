@@ -8,6 +8,7 @@ naming the key, the value and where it came from.
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import socket
@@ -83,6 +84,10 @@ class Config:
     )
     diagnosis: Thresholds = field(default_factory=Thresholds)
     config_file: Path | None = None
+    # the settings a source (file, environment, flag) set to other than their default:
+    # an optional feature configured so that cannot start stops the start (exit 2); at
+    # its default it may degrade with a warning (README, "Optional features")
+    explicit: frozenset[str] = frozenset()
 
     @property
     def simulated(self) -> bool:
@@ -340,6 +345,27 @@ def env_name(key: str) -> str:
     return "STEPSCOPE_" + key.upper()
 
 
+# STEPSCOPE_* variables that are not settings and are read elsewhere: the config file's
+# path (read by load) and the training SDK's own (stepscope.train)
+_OTHER_VARIABLES = frozenset({"STEPSCOPE_CONFIG", "STEPSCOPE_NCCL_TRANSPORT"})
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[str]:
+    """One warning per ``STEPSCOPE_*`` variable that is no setting but looks like a
+    misspelt one (``STEPSCOPE_INTERVL``), naming the setting: it is ignored, and a typo
+    must not pass for a setting silently. Names that resemble none are left alone (other
+    tools' variables share the prefix)."""
+    known = {env_name(key) for key in _PARSERS} | _OTHER_VARIABLES
+    out = []
+    for name in sorted(env):
+        if not name.startswith("STEPSCOPE_") or name in known:
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.8)
+        if close:
+            out.append(f"{name} is not a setting and is ignored; did you mean {close[0]}?")
+    return out
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -398,7 +424,9 @@ def load(
         except ValueError as exc:
             raise ConfigError(f"{key}: {exc}, got {value!r} (from {origin})") from None
     values.setdefault("hostname", default_hostname(env))
-    cfg = Config(config_file=path, **values)
+    defaults = Config()
+    explicit = frozenset(k for k, v in values.items() if v != getattr(defaults, k, None))
+    cfg = Config(config_file=path, explicit=explicit, **values)
     if (cfg.ingest_allow_uids or cfg.ingest_allow_gids) and not parse_ingest_url(
         cfg.ingest
     ).is_unix:

@@ -4,8 +4,10 @@ The container image's HEALTHCHECK. It finds the port the way ``stepscope serve``
 the config file and ``STEPSCOPE_*`` environment (not from command-line flags, which it
 cannot see), asks ``/healthz`` over HTTP, then HTTPS, on loopback, and exits 0 when the
 exporter answers at all: a 401 from basic auth or a rejected client certificate still
-proves it is alive. Exit 1 otherwise. Standard library only, and quick: it runs every
-30 s beside the exporter.
+proves it is alive. Exit 1 otherwise; 2, with one line, for a bad argument or setting
+(the exporter could not have started with it either; Docker and Kubernetes count every
+non-zero status as a failed check). Standard library only, and quick: it runs every 30 s
+beside the exporter.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 
 TIMEOUT_S = 4.0
 
@@ -47,16 +50,26 @@ def answers(url: str, timeout: float = TIMEOUT_S) -> bool:
         return False
 
 
-def main() -> int:
-    """Exit status for a container HEALTHCHECK: 0 alive, 1 not answering."""
+PROG = "python -m stepscope.app.healthcheck"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status for a container HEALTHCHECK: 0 alive, 1 not answering, 2 a bad
+    argument or setting."""
+    from stepscope.app.args import EXIT_USAGE, ArgumentParser
     from stepscope.app.config import load
     from stepscope.core.errors import ConfigError
 
+    ArgumentParser(
+        prog=PROG,
+        description="Exit 0 when the stepscope exporter on this host answers /healthz "
+        "(its port from the config file and STEPSCOPE_* variables), 1 when not.",
+    ).parse_args(argv)
     try:
         listen = load({}).listen
     except ConfigError as exc:
-        print(f"stepscope healthcheck: {exc}", file=sys.stderr)
-        return 1
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     host = _loopback(listen.host)
     for scheme in ("http", "https"):
         if answers(f"{scheme}://{host}:{listen.port}/healthz"):

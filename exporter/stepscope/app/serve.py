@@ -2,7 +2,8 @@
 
 Lifecycle: build the backend (NVML, or simulated when asked), bind the HTTP port (a
 port in use ends the start here, before anything says it is serving), bind the
-training ingest (a failure there is a warning, not an exit), take the first snapshot
+training ingest (the default socket may fail with a warning; one configured explicitly
+must bind, or the start ends), take the first snapshot
 before accepting connections so the first scrape is never empty, serve until
 SIGTERM/SIGINT, reload the config file on SIGHUP.
 """
@@ -154,6 +155,18 @@ def _keep(new: Config, current: Config, keys: list[str]) -> Config:
     return dataclasses.replace(new, **kept)
 
 
+def check_optional_features(cfg: Config) -> None:
+    """ConfigError for an optional feature configured explicitly that cannot start: its
+    extra is not installed. (Basic auth without bcrypt is refused with the web config.)"""
+    if cfg.kubernetes_pod_resources is not None:
+        from stepscope.attribution.kubernetes import KubeletUnavailable, check_extra
+
+        try:
+            check_extra()
+        except KubeletUnavailable as exc:
+            raise ConfigError(f"kubernetes_pod_resources: {exc}") from None
+
+
 def served_url(scheme: str, sockets: list[tuple[Any, ...]], listen: str) -> str:
     """A URL a user can paste for the start-up line: IPv6 in brackets, and for all
     interfaces (``0.0.0.0``, ``::``) ``localhost``, which reaches them from this host."""
@@ -178,6 +191,7 @@ async def run_server(
 ) -> None:
     """Serve until SIGTERM/SIGINT. ``ready`` gets the bound address (tests, logs)."""
     memory.tune()  # before the sampler's and the web server's threads allocate
+    check_optional_features(cfg)
     web_cfg = load_web_config(cfg.web_config) if cfg.web_config else None
     loop = asyncio.get_running_loop()
     # bind first: a port in use ends the start before the ingest or a log line says
@@ -195,7 +209,9 @@ async def run_server(
     ingest = IngestListener(
         cfg.ingest, aggregator, IngestAccess(mode=cfg.ingest_mode, group=cfg.ingest_group)
     )
-    ingest.start()  # a failure is logged once and served as stepscope_ingest_up 0
+    # the default socket may degrade (logged once, stepscope_ingest_up 0); one configured
+    # explicitly that cannot be bound stops the start
+    ingest.start(required="ingest" in cfg.explicit)
     guard = ConnectionGuard(cfg.max_connections, cfg.http_request_timeout, KEEPALIVE_S)
     sources = build_sources(cfg, backend, aggregator, guard)
     sampler = Sampler(

@@ -28,9 +28,10 @@ deadline on the call, and a scrape never waits for it. While it fails, the GPU s
 served without these labels and ``stepscope_collector_success{collector="kubernetes"}``
 reads 0 with the reason in ``/api/v1/diagnosis``.
 
-grpcio and protobuf are the optional ``kubernetes`` extra: they are imported on the first
-read, so ``stepscope serve`` starts without them and the source fails with a message
-saying what to install.
+grpcio and protobuf are the optional ``kubernetes`` extra, imported only when the
+attribution is configured: ``stepscope serve`` runs without them, and refuses to start
+(exit 2, one line saying what to install) when ``kubernetes_pod_resources`` is set and
+they are missing (:func:`check_extra`).
 """
 
 from __future__ import annotations
@@ -189,20 +190,32 @@ def _check_socket(socket: str) -> None:
         )
 
 
+def check_extra() -> None:
+    """Raise KubeletUnavailable, saying what to install, when the ``kubernetes`` extra
+    (grpcio, protobuf) is missing or too old for the generated stubs. ``stepscope serve``
+    calls it at start when the attribution is configured: a configured feature that
+    cannot start stops the start."""
+    try:
+        import grpc  # noqa: F401
+
+        from stepscope.attribution.podresources import api_pb2, api_pb2_grpc  # noqa: F401
+    except Exception as exc:  # ImportError, or the generated code's version checks
+        raise KubeletUnavailable(
+            f"Kubernetes attribution needs grpcio and protobuf ({_INSTALL_HINT}): {exc}"
+        ) from None
+
+
 def list_pod_resources(socket: str, timeout: float = RPC_TIMEOUT_S) -> ListPodResourcesResponse:
     """One ``List`` call to the kubelet on ``socket``, with a deadline.
 
     Raises KubeletUnavailable: the kubernetes extra is missing, the socket is absent,
     the kubelet refused, failed or did not answer in time.
     """
-    try:
-        import grpc
+    check_extra()
+    import grpc
 
-        from stepscope.attribution.podresources import api_pb2, api_pb2_grpc
-    except Exception as exc:  # ImportError, or the generated code's version checks
-        raise KubeletUnavailable(
-            f"Kubernetes attribution needs grpcio and protobuf ({_INSTALL_HINT}): {exc}"
-        ) from None
+    from stepscope.attribution.podresources import api_pb2, api_pb2_grpc
+
     _check_socket(socket)
     # A channel per read, as dcgm-exporter does: a kubelet restart recreates the socket,
     # and a fresh channel connects at once instead of waiting out a reconnect back-off.

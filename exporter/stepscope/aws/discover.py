@@ -102,6 +102,8 @@ def describe_running(
     except BotoCoreError as exc:
         # NoCredentialsError, NoRegionError, EndpointConnectionError, ...
         raise DiscoverError(f"EC2 DescribeInstances failed: {exc}") from None
+    except ValueError as exc:  # botocore's check of --endpoint-url
+        raise DiscoverError(f"--endpoint-url {endpoint_url!r}: {exc}") from None
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -116,6 +118,18 @@ def write_atomically(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _check_writable(path: Path) -> None:
+    """DiscoverError unless ``path``'s directory exists (or can be made) and is writable."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DiscoverError(f"--output {path}: cannot make its directory: "
+                            f"{exc.strerror or exc}") from None
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        why = "is a directory" if path.is_dir() else f"{path.parent} is not writable"
+        raise DiscoverError(f"--output {path}: {why}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -157,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if not 1 <= args.port <= 65535:
             raise DiscoverError(f"--port {args.port}: must be 1-65535")
+        if not 5 <= args.page_size <= 1000:  # DescribeInstances' MaxResults
+            raise DiscoverError(f"--page-size {args.page_size}: must be 5-1000")
+        if args.output:  # before asking AWS: a file that cannot be written is a typo
+            _check_writable(Path(args.output))
         reservations = describe_running(
             instance_filters(args.tag, args.instance_type),
             region=args.region,
@@ -168,7 +186,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     text = json.dumps(target_groups(reservations, args.port, args.address), indent=2) + "\n"
     if args.output:
-        write_atomically(Path(args.output), text)
+        try:
+            write_atomically(Path(args.output), text)
+        except OSError as exc:
+            print(f"stepscope: error: --output {args.output}: cannot write it: "
+                  f"{exc.strerror or exc}", file=sys.stderr)
+            return EXIT_USAGE
     else:
         sys.stdout.write(text)
     return EXIT_OK

@@ -11,13 +11,15 @@ recording rules record and judges them by the thresholds the shipped alerts use
 instead (:mod:`stepscope.diagnose.goodput_report`).
 
 Exit status: 0 healthy (or the goodput report printed), 1 a bottleneck or straggler found,
-2 cannot tell (exporter or Prometheus unreachable, no data). Standard library only,
+2 cannot tell (exporter or Prometheus unreachable, no data) or a bad argument (one line
+naming it). Standard library only,
 besides our own modules.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import math
 import statistics
@@ -45,6 +47,8 @@ from stepscope.shared.nccl_log import parse_nccl_log
 EXIT_HEALTHY = 0
 EXIT_BOTTLENECK = 1
 EXIT_UNKNOWN = 2
+# --timeout's ceiling: an HTTP wait longer than an hour is a typo, not a setting
+MAX_TIMEOUT_S = 3600.0
 
 # The recorded series the fleet view reads (deploy/prometheus/rules/stepscope-recording.yml)
 NODE_STRAGGLER = "Hostname_peer_group:DCGM_FI_PROF_SM_ACTIVE:ratio_median_node"
@@ -105,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "nccl-check":
         return nccl_check(args.logs, args.json)
     try:
+        if not 0 < args.timeout <= MAX_TIMEOUT_S:  # also NaN
+            raise ValueError(f"--timeout: expected seconds above 0, at most "
+                             f"{MAX_TIMEOUT_S:g}, got {args.timeout:g}")
         if args.job is not None or args.since is not None:
             since = _goodput_args(args)
             base = base_url(args.prometheus, "--prometheus")
@@ -127,7 +134,14 @@ def base_url(text: str, flag: str) -> str:
     if "://" not in text:
         text = "http://" + ("127.0.0.1" + text if text.startswith(":") else text)
     scheme = text.split("://", 1)[0].lower()
-    if scheme not in ("http", "https") or not urllib.parse.urlsplit(text).hostname:
+    parts = urllib.parse.urlsplit(text)
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not one
+        good = scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        good = False
+    # http.client refuses (with a traceback) what urlsplit lets through: spaces, controls
+    if not good or any(c.isspace() or ord(c) < 32 for c in text):
         raise ValueError(
             f"{flag}: expected http://HOST:PORT, https://HOST:PORT or HOST:PORT, got {text!r}"
         )
@@ -135,8 +149,20 @@ def base_url(text: str, flag: str) -> str:
 
 
 def _get_json(url: str, timeout: float) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:
-        return json.load(resp)
+    """The JSON document at ``url``; ValueError saying which path answered what (a 404
+    from /api/v1/query means the address is not a Prometheus), OSError when unreachable."""
+    path = urllib.parse.urlsplit(url).path
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return json.load(resp)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        what = {"/api/v1/query": "is it a Prometheus server?",
+                "/api/v1/diagnosis": "is it a stepscope exporter?"}.get(path, "")
+        hint = f" ({what})" if exc.code == 404 and what else ""
+        raise ValueError(f"{path} answered HTTP {exc.code} {exc.reason}{hint}") from None
+    except http.client.HTTPException as exc:
+        raise ValueError(f"{path}: not an HTTP answer ({type(exc).__name__})") from None
 
 
 def _error(message: str) -> None:
@@ -221,6 +247,9 @@ def local(url: str, as_json: bool, timeout: float) -> int:
         )
         _error(f"cannot read {api}: {reason}{hint}")
         return EXIT_UNKNOWN
+    if not isinstance(doc, dict) or "status" not in doc:
+        _error(f"cannot read {api}: not a stepscope diagnosis document")
+        return EXIT_UNKNOWN
     print(json.dumps(doc, indent=2) if as_json else render_local(doc))
     status = doc.get("status")
     if status == "bottleneck":
@@ -234,6 +263,8 @@ def local(url: str, as_json: bool, timeout: float) -> int:
 def _query(base: str, promql: str, timeout: float) -> list[dict[str, Any]]:
     url = base.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": promql})
     body = _get_json(url, timeout)
+    if not isinstance(body, dict):
+        raise ValueError("/api/v1/query answered JSON that is not a Prometheus API response")
     if body.get("status") != "success":
         raise ValueError(f"query failed: {body.get('error', body)}")
     result: list[dict[str, Any]] = body["data"]["result"]

@@ -21,8 +21,9 @@ aggregator's ownership rules use. It is created safely:
 UDP carries no sender: whoever reaches the port may report as any rank. It is off unless
 asked for and binds loopback only.
 
-Binding failures never stop the exporter: it logs one warning, serves GPU metrics as
-usual and exports ``stepscope_ingest_up 0``.
+A binding failure of the default socket does not stop the exporter: it logs one warning,
+serves GPU metrics as usual and exports ``stepscope_ingest_up 0``. An ingest configured
+explicitly (another URL) that cannot be bound stops the start (``start(required=True)``).
 
 Why a thread of its own, and batches: a node's ranks report a step each, spread over the
 second, and the kernel queues at most ``net.unix.max_dgram_qlen`` datagrams (10 by
@@ -57,6 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stepscope.core.errors import ConfigError
 from stepscope.ingest.aggregate import Aggregator, Sender
 from stepscope.ingest.refusals import Refusals
 from stepscope.shared.datagram import (
@@ -390,11 +392,14 @@ class IngestListener:
         sock.setblocking(True)  # the receiving thread blocks in recvmsg
         return sock
 
-    def start(self) -> bool:
-        """Bind and start the receiving thread; False (and one warning) if binding failed."""
+    def start(self, required: bool = False) -> bool:
+        """Bind and start the receiving thread; False (and one warning) if binding failed,
+        or with ``required`` (an ingest configured explicitly) ConfigError naming it."""
         try:
             sock = self._bind()
         except (OSError, ValueError) as exc:
+            if required:
+                raise ConfigError(f"ingest: cannot listen on {self.url}: {exc}") from None
             log.warning(
                 "training ingest disabled: %s. GPU metrics are served as usual; "
                 "stepscope_ingest_up is 0. Set --ingest to a writable path (e.g. "

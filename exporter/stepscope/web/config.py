@@ -20,9 +20,11 @@ offered is negotiated down to HTTP/1.1 by ALPN, TLS 1.3 cipher names are ignored
 ignores them), except what Python's ``ssl`` cannot do, which stops the start with a
 ConfigError naming the key: admitting an unverified client certificate
 (RequireAnyClientCert), reading the SANs of one (client_allowed_sans without a verifying
-client_auth_type) and ordering several curves. A configuration with which some
-allowed TLS version could never complete a handshake is refused too (an in-memory
-handshake per version proves it at start); Go would start and fail every such handshake.
+client_auth_type) and restricting key exchange to two or three curves (one curve is
+applied; all four are OpenSSL's default groups, checked at start to be offered). A
+configuration with which some allowed TLS version could never complete a handshake is
+refused too (an in-memory handshake per version proves it at start); Go would start and
+fail every such handshake.
 docs/web-config.md has the key-by-key table.
 
 Applying it is the other modules' work: :mod:`stepscope.web.tls` (the SSLContext, the
@@ -292,11 +294,12 @@ def _parse_tls(raw: Mapping[str, Any], base: Path) -> TlsSettings:
                 f"web_config: {where}.curve_preferences: unknown curve {name!r} "
                 f"(known: {', '.join(CURVES)})"
             )
-    if len(curves) > 1:
+    if 1 < len(set(curves)) < len(CURVES):
         raise ConfigError(
             f"web_config: {where}.curve_preferences: Python's ssl module can restrict "
-            "key exchange to one curve but cannot order several: list one, or leave "
-            "curve_preferences out for OpenSSL's default order (X25519 first)"
+            "key exchange to one curve, or leave OpenSSL's default groups, which offer all "
+            f"of {', '.join(CURVES)}; it cannot restrict it to {', '.join(curves)}: list "
+            "one curve, or all four, or leave curve_preferences out"
         )
     return TlsSettings(
         cert_file=cert_file,

@@ -17,6 +17,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import re
 import ssl
 import time
 import warnings
@@ -136,7 +137,9 @@ def build_ssl_context(tls: TlsSettings, *, verify_clients: bool = True) -> ssl.S
         ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     else:
         ctx.options &= ~ssl.OP_CIPHER_SERVER_PREFERENCE
-    if tls.curve_preferences:
+    # one curve: key exchange uses only it. Every curve (web/config.py refuses two or
+    # three): OpenSSL's default groups offer them all (check_handshakes proves it)
+    if len(set(tls.curve_preferences)) == 1:
         curve = tls.curve_preferences[0]
         try:
             ctx.set_ecdh_curve(CURVES[curve])
@@ -197,6 +200,7 @@ def _load_chain(ctx: ssl.SSLContext, tls: TlsSettings) -> None:
                     f"web_config: tls_server_config.{name}: cannot load certificate/key: "
                     f"cannot read {path}"
                 )
+        _check_pem(tls)
         try:
             ctx.load_cert_chain(cert, key, password=_no_password)
         except _KeyIsEncrypted:
@@ -210,6 +214,39 @@ def _load_chain(ctx: ssl.SSLContext, tls: TlsSettings) -> None:
                 "web_config: tls_server_config: cannot load certificate/key "
                 f"({tls.cert_file or 'cert'}, {tls.key_file or 'key'}): {_why(exc)}"
             ) from None
+
+
+_PEM_CERTIFICATE = re.compile(rb"-----BEGIN (TRUSTED )?CERTIFICATE-----")
+_PEM_PRIVATE_KEY = re.compile(rb"-----BEGIN ([A-Z0-9]+ )?PRIVATE KEY-----")
+# what to run for a file in DER (binary) form, the usual non-PEM certificate or key
+_TO_PEM = {"cert": "openssl x509 -inform DER -in FILE -out FILE.pem",
+           "key": "openssl pkey -inform DER -in FILE -out FILE.pem"}
+
+
+def _check_pem(tls: TlsSettings) -> None:
+    """ConfigError naming the certificate or key that is not PEM (or holds the other
+    kind): OpenSSL says only "PEM lib" and names neither."""
+    for key, path, inline, pattern, what in (
+        ("cert", tls.cert_file, tls.cert_pem, _PEM_CERTIFICATE, "certificate"),
+        ("key", tls.key_file, tls.key_pem, _PEM_PRIVATE_KEY, "private key"),
+    ):
+        name = f"{key}_file" if path is not None else key
+        try:
+            data = path.read_bytes() if path is not None else (inline or "").encode()
+        except OSError:
+            continue  # unreadable: OpenSSL's own error says so
+        shown = f" {path}" if path is not None else ""
+        if b"-----BEGIN " not in data:
+            raise ConfigError(
+                f"web_config: tls_server_config.{name}:{shown} is not PEM (text between "
+                f"-----BEGIN and -----END lines); a DER file converts with "
+                f"`{_TO_PEM[key]}`"
+            )
+        if not pattern.search(data):
+            raise ConfigError(
+                f"web_config: tls_server_config.{name}:{shown} holds no PEM {what} "
+                f"(-----BEGIN {what.upper()}-----)"
+            )
 
 
 @contextlib.contextmanager
@@ -229,9 +266,12 @@ def _memory_file(pem: str, key: str) -> Iterator[str]:
         os.close(fd)
 
 
-def _handshake_failure(server: ssl.SSLContext, version: ssl.TLSVersion) -> str | None:
-    """Why a client speaking only ``version`` cannot finish a handshake with ``server``
-    (OpenSSL's reason), or None when it can. In memory, no socket; ~1 ms."""
+def _handshake_failure(
+    server: ssl.SSLContext, version: ssl.TLSVersion, curve: str | None = None
+) -> str | None:
+    """Why a client speaking only ``version`` (and offering only ``curve``, when given)
+    cannot finish a handshake with ``server`` (OpenSSL's reason), or None when it can.
+    In memory, no socket; ~1 ms."""
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     client.check_hostname = False
     client.verify_mode = ssl.CERT_NONE
@@ -240,6 +280,8 @@ def _handshake_failure(server: ssl.SSLContext, version: ssl.TLSVersion) -> str |
         client.minimum_version = client.maximum_version = version
     # the most permissive client: a failure is the server settings' doing
     client.set_ciphers("ALL:@SECLEVEL=0")
+    if curve is not None:
+        client.set_ecdh_curve(CURVES[curve])
     s_in, s_out, c_in, c_out = (ssl.MemoryBIO() for _ in range(4))
     ends = (
         (client.wrap_bio(c_in, c_out), c_out, s_in),
@@ -294,6 +336,16 @@ def check_handshakes(tls: TlsSettings) -> None:
             f"web_config: tls_server_config.{key}: a {name} client could never complete "
             f"a handshake (OpenSSL: {reason}): {hint}"
         )
+    # each curve listed must be one a client can use (with all four listed, that
+    # OpenSSL's default groups, which this system's configuration may narrow, offer it)
+    for curve in dict.fromkeys(tls.curve_preferences):
+        reason = _handshake_failure(server, TLS_VERSIONS[tls.max_version], curve)
+        if reason is not None:
+            raise ConfigError(
+                f"web_config: tls_server_config.curve_preferences: {curve}: a client "
+                f"offering only it could never complete a handshake (OpenSSL: {reason}): "
+                "this system's OpenSSL does not offer it"
+            )
 
 
 class CertificateReloader:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stepscope.app.config import SETTINGS, Config, Listen, load
+from stepscope.app.config import SETTINGS, Config, Listen, load, unknown_variables
 from stepscope.core.errors import ConfigError
 from tests.support import REPO
 
@@ -139,3 +139,25 @@ def test_every_setting_is_a_flag_and_a_readme_row() -> None:
     readme = (REPO / "README.md").read_text()
     rows = set(re.findall(r"(?m)^\| `[^`]*`(?: / `(\w+)`)?", readme))
     assert [s for s in SETTINGS if s not in rows and s not in maps] == []
+
+
+def test_a_setting_is_explicit_only_when_set_to_other_than_its_default() -> None:
+    """The rule for optional features (issue 36): one configured explicitly that cannot
+    start stops the start; at its default (the chart repeats the default ingest socket)
+    it may degrade with a warning."""
+    assert "ingest" not in load({}, env={}).explicit
+    default = "unix:///run/stepscope/ingest.sock"
+    assert "ingest" not in load({}, env={"STEPSCOPE_INGEST": default}).explicit
+    cfg = load({"ingest": "unix:///tmp/s/ingest.sock"}, env={})
+    assert "ingest" in cfg.explicit
+    assert "kubernetes_pod_resources" in load(
+        {"kubernetes_pod_resources": "/k.sock"}, env={}).explicit
+
+
+def test_a_misspelt_variable_is_named_with_the_setting_meant() -> None:
+    assert unknown_variables({
+        "STEPSCOPE_INTERVL": "2", "STEPSCOPE_INTERVAL": "1", "STEPSCOPE_CONFIG": "/c.yaml",
+        "STEPSCOPE_NCCL_TRANSPORT": "efa", "STEPSCOPE_REQUIRE_PROMTOOL": "1", "PATH": "/bin",
+    }) == [
+        "STEPSCOPE_INTERVL is not a setting and is ignored; did you mean STEPSCOPE_INTERVAL?"
+    ]

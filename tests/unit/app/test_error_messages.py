@@ -33,10 +33,16 @@ def test_a_misspelt_serve_option_names_it_and_the_one_meant(
     """`serve --intervall 2` printed the top-level usage and `unrecognized arguments`."""
     code, err = _stderr_of(["serve", "--intervall", "2"], capsys)
     assert code == 2
-    assert err.startswith("usage: stepscope serve ")
-    assert err.splitlines()[-1] == (
-        "stepscope serve: error: unknown option --intervall; did you mean --interval?"
-    )
+    # one line (issue 36): the subcommand's usage block pushed it out of view
+    assert err == "stepscope serve: error: unknown option --intervall; did you mean --interval?\n"
+
+
+def test_an_abbreviated_option_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse took `--simulat 2` for `--simulate 2`: a command line that changes
+    meaning the day a flag sharing the prefix is added."""
+    code, err = _stderr_of(["serve", "--simulat", "2"], capsys)
+    assert code == 2
+    assert err == "stepscope serve: error: unknown option --simulat; did you mean --simulate?\n"
 
 
 def test_an_option_nothing_resembles_points_to_help(capsys: pytest.CaptureFixture[str]) -> None:
