@@ -3,6 +3,7 @@ its verdicts by GPU and by rank."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from stepscope.core.source import ReadContext, Source
@@ -50,7 +51,9 @@ class FakeRdma(Source[tuple[RdmaPort, ...]]):
 class Node:
     """A simulated node: GPUs from a scenario, ranks stepping as the test says."""
 
-    def __init__(self, scenario: dict[str, Any], window: float = 20.0) -> None:
+    def __init__(
+        self, scenario: dict[str, Any], window: float = 20.0, thresholds: Thresholds | None = None
+    ) -> None:
         self.clock = ManualClock()
         self.backend = SimulatedBackend(parse_scenario(scenario), hostname="n", clock=self.clock)
         self.uuids = [d.uuid for d in self.backend.devices()]
@@ -63,7 +66,11 @@ class Node:
             clock=self.clock,
             wall_clock=lambda: 1.7e9 + self.clock.t,
             sources=[IngestSource(self.agg), self.host, self.fake_rdma],
-            analyses=[DiagnosisAnalysis(Thresholds(window=window))],
+            analyses=[
+                DiagnosisAnalysis(
+                    replace(thresholds, window=window) if thresholds else Thresholds(window=window)
+                )
+            ],
         )
         self.steps: dict[int, int] = {}
 

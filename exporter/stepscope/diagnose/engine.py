@@ -22,8 +22,15 @@ from stepscope.core.snapshot import Snapshot
 from stepscope.diagnose.advice import advice_for
 from stepscope.diagnose.faults import Fault, HeldXid, gpu_faults, noted_xids
 from stepscope.diagnose.finished import FinishedRank
-from stepscope.diagnose.lost_time import between_steps_verdict, stalls, transfer_bound_why
-from stepscope.diagnose.model import Diagnosis, Subject, Verdict
+from stepscope.diagnose.losses import COMM, DATA, LOSS_WORDS, lost_shares
+from stepscope.diagnose.lost_time import (
+    between_steps_verdict,
+    gpu_busy_between_steps,
+    stalls,
+    transfer_bound_why,
+    unnamed_share,
+)
+from stepscope.diagnose.model import SPAN_MODIFIERS, Diagnosis, Subject, Verdict
 from stepscope.diagnose.thresholds import Thresholds
 from stepscope.diagnose.window import RankWindow, SnapshotWindow
 from stepscope.gpu.fields import POWER_EVENTS, THERMAL_EVENTS
@@ -31,7 +38,7 @@ from stepscope.gpu.model import GPU_PART, GpuInfo, GpuState
 from stepscope.host.model import HostReading, ProcessReading
 from stepscope.ingest.aggregate import INGEST_PART, TrainingView
 from stepscope.ingest.mfu import rank_mfu
-from stepscope.shared.datagram import PHASES
+from stepscope.shared.datagram import PHASES, SPANS
 
 _THERMAL_BITS = int(THERMAL_EVENTS)
 _POWER_BITS = int(POWER_EVENTS)
@@ -360,7 +367,12 @@ def gpu_verdict(gpu: GpuWindow, th: Thresholds) -> Verdict:
 
 @dataclass(frozen=True)
 class HostWindow:
-    """Host signals over the window, and the rank's process if it could be read."""
+    """Host signals over the window, and the rank's process if it could be read.
+
+    ``busy`` and ``cpu_count`` are over the CPUs the rank may use (its affinity, if
+    known); ``job_cpu_cores``: the cores its job's ranks and their workers on those CPUs
+    use (None: the rank's process is not visible), so the rest of ``busy`` is processes
+    outside the job (other jobs, daemons, the exporter)."""
 
     cpu_count: int
     busy: float | None
@@ -368,6 +380,36 @@ class HostWindow:
     cpu_pressure: float | None
     io_pressure: float | None
     process: ProcessReading | None  # mean over the window's readings of the pid
+    job_cpu_cores: float | None = None
+
+    @property
+    def job_share(self) -> float | None:
+        """Share of the rank's CPUs its job keeps busy."""
+        if self.job_cpu_cores is None or self.cpu_count <= 0:
+            return None
+        return min(1.0, self.job_cpu_cores / self.cpu_count)
+
+    @property
+    def outside_share(self) -> float | None:
+        """Share of the rank's CPUs that processes outside its job keep busy."""
+        job = self.job_share
+        if job is None or self.busy is None:
+            return None
+        return max(0.0, self.busy - job)
+
+    def contended(self, th: Thresholds) -> bool:
+        """Saturated CPUs that processes outside the job hold more of than the job."""
+        outside, job = self.outside_share, self.job_share
+        saturated = self.busy is not None and self.busy >= th.cpu_saturated
+        return saturated and outside is not None and job is not None and outside > job
+
+    def cpu_evidence(self) -> str:
+        """Who keeps the rank's CPUs busy (the job, or processes outside it)."""
+        return (
+            f"processes outside the job keep {_pct(self.outside_share)} of the "
+            f"{self.cpu_count} CPUs the rank may use busy; the job's ranks and their "
+            f"workers {_pct(self.job_share)} ({self.job_cpu_cores or 0.0:.2f} cores)"
+        )
 
 
 class HostWindows:
@@ -387,6 +429,7 @@ class HostWindows:
             [h.io_pressure.some_avg10 if h.io_pressure else None for h in recent]
         )
         self._busy: dict[tuple[int, ...], float | None] = {}
+        self._procs: dict[int, ProcessReading | None] = {}
         self._by_pid: dict[int | None, HostWindow | None] = {}
 
     def _busy_over(self, cpus: tuple[int, ...]) -> float | None:
@@ -400,31 +443,54 @@ class HostWindows:
             self._busy[cpus] = _over_time((h.seconds, busy(h)) for h in self._recent)
         return self._busy[cpus]
 
-    def of(self, pid: int | None) -> HostWindow | None:
-        """Host signals over the window with the process ``pid``, None without readings."""
+    def _process(self, pid: int) -> ProcessReading | None:
+        """The process ``pid`` over the window (rates weighed by time), None if unread."""
+        if pid not in self._procs:
+            # the first reading of a pid has no CPU baseline yet: skip it
+            procs = self._window.process_readings(pid)
+            procs = procs[1:] if len(procs) > 1 else procs
+            self._procs[pid] = None
+            if procs:
+                self._procs[pid] = ProcessReading(
+                    pid,
+                    _over_time((p.seconds, p.cpu_cores) for p in procs) or 0.0,
+                    round(sum(p.workers for p in procs) / len(procs)),
+                    _over_time((p.seconds, p.workers_cpu_cores) for p in procs) or 0.0,
+                    procs[-1].cpus,
+                    sum(p.seconds for p in procs),
+                )
+        return self._procs[pid]
+
+    def job_cores(self, pids: Iterable[int | None]) -> dict[tuple[int, ...], float]:
+        """Cores the processes ``pids`` (a job's ranks on this node) and their workers
+        use, by the CPU set they may run on."""
+        cores: dict[tuple[int, ...], float] = {}
+        for pid in pids:
+            proc = self._process(pid) if pid is not None else None
+            if proc is not None:
+                tree = proc.cpu_cores + proc.workers_cpu_cores
+                cores[proc.cpus] = cores.get(proc.cpus, 0.0) + tree
+        return cores
+
+    def of(
+        self, pid: int | None, job: Mapping[tuple[int, ...], float] | None = None
+    ) -> HostWindow | None:
+        """Host signals over the window with the process ``pid``, None without readings;
+        ``job``: :meth:`job_cores` of its job (a pid belongs to one job)."""
         if pid not in self._by_pid:
-            self._by_pid[pid] = self._make(pid)
+            self._by_pid[pid] = self._make(pid, job or {})
         return self._by_pid[pid]
 
-    def _make(self, pid: int | None) -> HostWindow | None:
+    def _make(self, pid: int | None, job: Mapping[tuple[int, ...], float]) -> HostWindow | None:
         readings = self._readings
         if not readings:
             return None
-        # the first reading of a pid has no CPU baseline yet: skip it
-        procs = self._window.process_readings(pid) if pid is not None else []
-        procs = procs[1:] if len(procs) > 1 else procs
-        process = None
-        if procs and pid is not None:
-            process = ProcessReading(
-                pid,
-                _over_time((p.seconds, p.cpu_cores) for p in procs) or 0.0,
-                round(sum(p.workers for p in procs) / len(procs)),
-                _over_time((p.seconds, p.workers_cpu_cores) for p in procs) or 0.0,
-                procs[-1].cpus,
-                sum(p.seconds for p in procs),
-            )
+        process = self._process(pid) if pid is not None else None
         # saturation is judged over the CPUs the rank may use (its affinity), if known
-        cpus = procs[-1].cpus if procs else ()
+        cpus = process.cpus if process is not None else ()
+        job_cores = None
+        if process is not None:  # the rank itself, whether or not ``job`` names it
+            job_cores = job.get(cpus, process.cpu_cores + process.workers_cpu_cores)
         return HostWindow(
             cpu_count=len(cpus) if cpus else readings[-1].cpu_count,
             busy=self._busy_over(cpus),
@@ -432,11 +498,12 @@ class HostWindows:
             cpu_pressure=self._cpu_pressure,
             io_pressure=self._io_pressure,
             process=process,
+            job_cpu_cores=job_cores,
         )
 
 
 def _input_verdict(host: HostWindow | None, th: Thresholds) -> tuple[str, list[str]]:
-    """input_cpu / input_io / input, with the evidence that decided it."""
+    """input_cpu / input_io / input / host_contended, with the evidence that decided it."""
     if host is None:
         return "input", ["no host readings: CPU and storage could not be checked"]
     proc = host.process
@@ -447,23 +514,34 @@ def _input_verdict(host: HostWindow | None, th: Thresholds) -> tuple[str, list[s
     io_stalled = (host.io_pressure is not None and host.io_pressure >= th.io_pressure) or (
         host.iowait is not None and host.iowait >= th.iowait
     )
+    saturated = host.busy is not None and host.busy >= th.cpu_saturated
     if proc is None:
         if io_stalled:
             return "input_io", [*ev, "storage stalls (IO pressure / iowait high)"]
         return "input", [
             *ev,
             "the rank's process is not visible (another PID namespace?): loader workers "
-            "unknown, so CPU saturation is not claimed",
-        ]
+            "unknown, so CPU saturation is not claimed"
+            + ("; whether the job or other processes keep the CPUs busy cannot be told: "
+               "more workers help only where CPUs are free" if saturated else ""),
+        ]  # fmt: skip
     ev.append(
         f"{proc.workers} DataLoader worker(s) using {proc.workers_cpu_cores:.2f} cores, "
         f"main process {proc.cpu_cores:.2f} cores"
     )
     per_worker = proc.workers_cpu_cores / proc.workers if proc.workers else 0.0
-    saturated = host.busy is not None and host.busy >= th.cpu_saturated
-    if proc.workers and saturated and (per_worker >= th.worker_blocked or not io_stalled):
-        # busy workers, or workers starved of CPU by other work: either way no headroom
-        return "input_cpu", [*ev, "the CPUs the rank may use have no headroom for more workers"]
+    if saturated and not (io_stalled and proc.workers and per_worker < th.worker_blocked):
+        # no headroom (unless idle workers wait on storage): whose CPUs are they?
+        ev.append(host.cpu_evidence())
+        if host.contended(th):
+            return "host_contended", [
+                *ev,
+                "the CPUs are saturated by processes outside the job: the loader waits for "
+                "CPU that others hold",
+            ]
+        if proc.workers:
+            return "input_cpu", [*ev, "the CPUs the rank may use have no headroom for more "
+                                 "workers: the job's own processes fill them"]  # fmt: skip
     if io_stalled:
         return "input_io", [*ev, "storage stalls (IO pressure / iowait high)"]
     if not proc.workers or (per_worker < th.worker_blocked and proc.cpu_cores >= th.worker_busy):
@@ -547,9 +625,16 @@ def rank_verdict(
         "other_share": shares.other if rw.steps else None,
         "mfu": mfu,
     }
+    if r.world_size is not None:
+        signals.update(world_size=float(r.world_size), job_ranks_on_node=float(peers.local))
+    if rw.spans is not None and rw.dur > 0:
+        for name, seconds in zip(SPANS, rw.spans, strict=True):
+            if name in SPAN_MODIFIERS:
+                signals[f"{name}_share"] = seconds / rw.dur
     if host is not None:
         signals.update(
             cpu_busy=host.busy,
+            cpu_count=float(host.cpu_count),
             iowait=host.iowait,
             io_pressure=host.io_pressure,
             cpu_pressure=host.cpu_pressure,
@@ -559,6 +644,8 @@ def rank_verdict(
                 dataloader_workers=float(host.process.workers),
                 dataloader_cpu_cores=host.process.workers_cpu_cores,
                 main_cpu_cores=host.process.cpu_cores,
+                job_cpu_share=host.job_share,
+                outside_cpu_share=host.outside_share,
             )
     history = rw.series.joined(gpu.series) if gpu is not None else rw.series
     ev: list[str] = []
@@ -585,17 +672,29 @@ def rank_verdict(
             why=[f"only {rw.steps} measured step(s) in the window (need {th.min_steps}); "
                  "warm-up or very long steps"],
         )  # fmt: skip
-    data, compute, comm, other = shares
+    _, compute, _, other = shares
     signals["between_steps_share"] = other
-    if data >= th.input_share and data >= comm:
-        kind, why = _input_verdict(host, th)
-        return verdict(kind, why=why)
-    if comm >= th.comm_share:
-        return _comm_verdict(rw, peers, window, th, verdict)
+    signals["between_steps_intervals"] = float(stalls(rw.series["other"], th))
+    lost = lost_shares(signals, th)
+    if lost:  # the largest lost share that matters is the verdict (docs/diagnosis.md)
+        for also in lost[1:]:
+            ev.append(f"also {_pct(signals[also])} of the step {LOSS_WORDS[also]}")
+        if lost[0] == DATA:
+            kind, why = _input_verdict(host, th)
+            return verdict(kind, why=why)
+        if lost[0] == COMM:
+            return _comm_verdict(rw, peers, window, th, verdict)
+        unnamed = unnamed_share(other, rw.spans, rw.dur)
+        busy = gpu_busy_between_steps(_kernel_share(gpu), unnamed, th)
+        signals["between_steps_gpu_busy"] = busy
+        return between_steps_verdict(rw.dur, rw.steps, other, rw.spans, th, verdict, busy)
+    if other >= th.between_steps_share:
+        # one gap in the window: too large to call the GPU the limit, too rare to judge
+        return verdict("unknown", why=[
+            f"{_pct(other)} of the step time is outside the timed loader and step body, all "
+            "in one gap of the window (a save or evaluation now and then)",
+        ])  # fmt: skip
     if compute >= other:
-        if other >= th.between_steps_share:  # not the largest, yet worth saying
-            ev.append(f"{_pct(other)} of the step is between steps (checkpoints, "
-                      "evaluation, logging, an untimed loader)")  # fmt: skip
         sm = gpu.sm_active if gpu is not None else None
         if gpu is not None and sm is not None and sm < th.host_bound_sm_active:
             return _idle_body_verdict(gpu, sm, compute, host, th, verdict)
@@ -606,16 +705,19 @@ def rank_verdict(
                 "small kernels or host-bound launches"
             )
         return verdict("compute", mods, why)
-    once = ""
-    if other >= th.between_steps_share:
-        if stalls(rw.series["other"], th) >= th.between_steps_stalls:
-            return between_steps_verdict(rw.dur, rw.steps, other, rw.spans, th, verdict)
-        once = "; all in one gap of the window (a save or evaluation now and then)"
     return verdict(
         "unknown",
-        why=[f"most of the step ({_pct(other)}) is outside the timed loader and step body: "
-             f"logging, evaluation, checkpoints, or an untimed loader{once}"],
+        why=[f"no phase dominates the step: {_pct(other)} of it is outside the timed loader "
+             "and step body (logging, evaluation, checkpoints, or an untimed loader), "
+             f"{_pct(compute)} in the step body"],
     )  # fmt: skip
+
+
+def _kernel_share(gpu: GpuWindow | None) -> float | None:
+    """Share of the window the GPU ran kernels (util; SM active without it)."""
+    if gpu is None or not gpu.up:
+        return None
+    return gpu.gpu_util / 100.0 if gpu.gpu_util is not None else gpu.sm_active
 
 
 def _idle_body_verdict(
@@ -642,6 +744,18 @@ def _idle_body_verdict(
     if copying is not None:
         return verdict("transfer_bound", why=copying)
     proc = host.process if host is not None else None
+    if (
+        host is not None
+        and proc is not None
+        and proc.cpu_cores < th.main_cpu_busy
+        and (host.contended(th))
+    ):
+        return verdict("host_contended", why=[
+            f"{head}: the GPU idles between kernels",
+            host.cpu_evidence(),
+            f"the training process gets only {proc.cpu_cores:.2f} cores while processes "
+            "outside the job hold the CPUs: it launches kernels when it gets a CPU",
+        ])  # fmt: skip
     if proc is None:
         return verdict("host_bound", why=[
             f"{head}: the GPU idles between kernels",
@@ -782,11 +896,12 @@ def diagnose(
                 claimed.add(gpu.info.uuid)
             verdicts.append(finished_verdict(rw, gpu, mark, now))
         peers = JobPeers.of(live, th)
+        job_cores = hosts.job_cores(rw.view.proc_pid for rw in live)
         for rw in live:
             gpu = gpu_of(rw.view.uuid)
             if gpu is not None:
                 claimed.add(gpu.info.uuid)
-            host = hosts.of(rw.view.proc_pid)
+            host = hosts.of(rw.view.proc_pid, job_cores)
             verdicts.append(rank_verdict(rw, gpu, host, peers, window, th))
     for g in _gpus(latest):
         if g.info.uuid in claimed:

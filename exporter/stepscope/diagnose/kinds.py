@@ -6,6 +6,7 @@ thresholds and so the verdicts' model import) render the bottleneck alert from t
 from __future__ import annotations
 
 # Verdict kinds (``stepscope_bottleneck{kind}`` serves a subject's one kind, at 1).
+# ``host_contended``: the rank waits for CPU that processes outside its job hold.
 # ``gpu_fault`` outranks every performance verdict: a GPU that is down or must be
 # drained reads ``gpu_fault`` whatever its steps look like.
 KINDS: tuple[str, ...] = (
@@ -16,6 +17,7 @@ KINDS: tuple[str, ...] = (
     "input_cpu",
     "input_io",
     "input",
+    "host_contended",
     "communication",
     "waiting_on_peer",
     "between_steps",
@@ -44,12 +46,13 @@ MODIFIERS: tuple[str, ...] = (
     "power_cap",
     "tcp_suspected",
     *SPAN_MODIFIERS,
+    "unnamed_gpu_work",
     *FAULT_MODIFIERS,
 )
 # Kinds that mean "time is leaking" (or the hardware is broken): `stepscope diagnose`
 # exits 1 on one of these, or on a thermally throttled GPU (the classic straggler).
 BOTTLENECK_KINDS: frozenset[str] = frozenset(
     {"gpu_fault", "host_bound", "transfer_bound", "input_cpu", "input_io", "input",
-     "communication", "waiting_on_peer", "between_steps"}
+     "host_contended", "communication", "waiting_on_peer", "between_steps"}
 )  # fmt: skip
 ALERT_MODIFIERS: frozenset[str] = frozenset({"thermal_throttle", "tcp_suspected"})

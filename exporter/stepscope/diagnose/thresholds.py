@@ -1,4 +1,5 @@
 """The diagnosis thresholds: one frozen object, defaults documented in docs/diagnosis.md.
+Which lost share beats which is :mod:`stepscope.diagnose.losses` over these lines.
 
 Set in the config file under ``diagnosis:`` (or ``STEPSCOPE_DIAGNOSIS`` as YAML/JSON):
 
@@ -60,6 +61,10 @@ class Thresholds:
     between_steps_stalls: int = 2
     # ... naming a span (checkpoint, evaluation, logging) at/above this share of step time
     span_share: float = 0.1
+    # ... and the GPU works in the time between steps that no span names (evaluation or
+    # other GPU work outside the step: unnamed_gpu_work) when kernels run at least this
+    # share of it, a lower bound from the window's GPU util (the timed steps counted busy)
+    between_steps_gpu_busy: float = 0.5
     dram_busy: float = 0.45  # DRAM active at/above this with tensor pipes idle: memory_bound
     # PCIe replays: a storm (DCGM's health limit; the fleet's StepscopeGpuPcieReplayStorm)
     pcie_replays_per_minute: float = FLEET.pcie_replays_per_minute

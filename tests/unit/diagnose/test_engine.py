@@ -87,24 +87,25 @@ def test_an_idle_child_of_a_busy_training_process_is_not_a_blocked_loader() -> N
 
 
 @pytest.mark.parametrize(
-    ("busy", "per_worker", "io", "kind"),
+    ("cpus", "busy", "workers", "per_worker", "io", "kind"),
     [
-        (0.95, 0.95, 0.0, "input_cpu"),  # workers pegged and no free CPU
-        (0.97, 0.20, 0.0, "input_cpu"),  # workers starved of CPU by other work
-        (0.89, 0.35, 0.0, "input_cpu"),  # H200 light/8: 9 workers share 4 busy CPUs
-        (0.97, 0.05, 0.45, "input_io"),  # idle workers under IO pressure: storage
-        (0.40, 0.95, 0.0, "input"),  # workers pegged, CPUs free: add workers
-        (0.20, 0.05, 0.0, "input_io"),  # workers idle while the rank waits: blocked reads
-        (0.50, 0.50, 0.45, "input_io"),  # IO pressure
+        (4, 0.95, 4, 0.95, 0.0, "input_cpu"),  # workers pegged and no free CPU
+        (4, 0.89, 9, 0.35, 0.0, "input_cpu"),  # H200 light/8: 9 workers share 4 busy CPUs
+        # workers starved of CPU by other work: the others hold the CPUs, not the job
+        (16, 0.97, 4, 0.20, 0.0, "host_contended"),
+        (16, 0.97, 4, 0.05, 0.45, "input_io"),  # idle workers under IO pressure: storage
+        (16, 0.40, 4, 0.95, 0.0, "input"),  # workers pegged, CPUs free: add workers
+        (16, 0.20, 4, 0.05, 0.0, "input_io"),  # workers idle while the rank waits: blocked reads
+        (16, 0.50, 4, 0.50, 0.45, "input_io"),  # IO pressure
     ],
 )
 def test_data_wait_with_workers_tells_cpu_from_io_from_too_few_workers(
-    busy: float, per_worker: float, io: float, kind: str
+    cpus: int, busy: float, workers: int, per_worker: float, io: float, kind: str
 ) -> None:
     node = Node({"gpus": 1})
     node.host.reading = HostReading(
-        16, (busy,) * 16, io_pressure=Pressure(io),
-        processes={PID: ProcessReading(PID, 0.5, 4, 4 * per_worker)},
+        cpus, (busy,) * cpus, io_pressure=Pressure(io),
+        processes={PID: ProcessReading(PID, 0.5, workers, workers * per_worker)},
     )  # fmt: skip
     diag = node.run(20, lambda: node.step(0, 0.5, data=0.3, gpu=0))
     assert by_rank(diag)[0].kind == kind
@@ -117,8 +118,9 @@ def test_a_reading_that_spans_a_jiffy_does_not_weigh_like_a_second() -> None:
     for more workers"). Each reading weighs by the time it spans."""
     node = Node({"gpus": 1})
     full = HostReading(2, (0.97,) * 2, processes={PID: ProcessReading(PID, 0.2, 2, 1.7)})
-    blip = HostReading(2, (0.0,) * 2, seconds=0.01,
-                       processes={PID: ProcessReading(PID, 0.0, 2, 0.0, seconds=0.01)})
+    blip = HostReading(
+        2, (0.0,) * 2, seconds=0.01, processes={PID: ProcessReading(PID, 0.0, 2, 0.0, seconds=0.01)}
+    )
     passes = 0
 
     def each_second() -> None:
