@@ -31,7 +31,7 @@ from stepscope.gpu.model import GpuBackend
 from stepscope.ingest.aggregate import Aggregator, TrainingSettings
 from stepscope.ingest.listener import IngestAccess, IngestListener
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS
-from stepscope.ingest.refusals import process_exited
+from stepscope.ingest.refusals import process_exited, process_stamp
 from stepscope.shared.datagram import Limits
 from stepscope.web.app import Page, make_app
 from stepscope.web.config import load_web_config
@@ -205,7 +205,9 @@ async def run_server(
         reuse_address=True,
         start_serving=False,
     )
-    aggregator = Aggregator(training_settings_of(cfg), process_exited=process_exited)
+    aggregator = Aggregator(
+        training_settings_of(cfg), process_exited=process_exited, process_stamp=process_stamp
+    )
     ingest = IngestListener(
         cfg.ingest, aggregator, IngestAccess(mode=cfg.ingest_mode, group=cfg.ingest_group)
     )

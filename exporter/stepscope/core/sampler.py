@@ -30,6 +30,7 @@ from stepscope.core.labels import (
     LabelSchemaBuilder,
     Pairs,
 )
+from stepscope.core.logbudget import flush_all as flush_log_budgets
 from stepscope.core.registry import Analysis, Registry
 from stepscope.core.snapshot import Published, Snapshot
 from stepscope.core.source import ReadContext, Source, SourceHealth, Tier
@@ -388,6 +389,8 @@ class Sampler:
             published.render_ahead(gzipped=self._reads.gzip, protobuf=self._reads.protobuf)
         self._latest = published
         self.passes += 1
+        # the "N more suppressed" lines of floods that ended: no sender to trigger them
+        flush_log_budgets()
         return published
 
     def _analyse(

@@ -21,6 +21,7 @@ import psutil
 
 from stepscope.core.exposition import Family
 from stepscope.core.labels import LabelSchema
+from stepscope.core.procfs import PPID, STARTTIME, stat_field
 from stepscope.core.source import ReadContext, Source
 from stepscope.host.metrics import host_families
 from stepscope.host.model import HOST_PART, HostReading, Pressure, ProcessReading, parse_pressure
@@ -58,29 +59,12 @@ class _Tracked:
     helpers: set[int] = field(default_factory=set)
 
 
-# fields of /proc/<pid>/stat counted from the state (field 3, after the comm's ")")
-_PPID = 1  # field 4
-_STARTTIME = 19  # field 22: clock ticks since boot
-
-
-def _stat_field(path: str, index: int) -> int | None:
-    """Integer field ``index`` of the ``stat`` file in the process directory ``path``,
-    counted from the state; None when the process is gone or the file does not parse.
-    The comm before them may hold spaces and parentheses: fields start after its last ")"."""
-    try:
-        with open(os.path.join(path, "stat"), "rb") as f:
-            stat = f.read(4096)
-        return int(stat[stat.rindex(b")") + 2 :].split(b" ", index + 1)[index])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def process_started(pid: int, proc: Path = Path("/proc")) -> float | None:
     """When process ``pid`` started, as Unix time to a clock tick (10 ms); None where
     ``/proc`` does not say. psutil's ``create_time()`` adds the boot time's whole
     second, off by up to a second: the start in ticks since boot (``stat`` field 22)
     is set against ``CLOCK_BOOTTIME`` instead, both read now."""
-    ticks = _stat_field(os.path.join(proc, str(pid)), _STARTTIME)
+    ticks = stat_field(os.path.join(proc, str(pid)), STARTTIME)
     if ticks is None:
         return None
     try:
@@ -127,7 +111,7 @@ class ProcessParents:
                     continue
                 ppid = known.get(key)
                 if ppid is None or (parents is not None and ppid in parents):
-                    ppid = _stat_field(entry.path, _PPID)
+                    ppid = stat_field(entry.path, PPID)
                     if ppid is None:
                         continue
                 seen[key] = ppid
@@ -219,7 +203,12 @@ class HostSource(Source[HostReading]):
         # cores; nothing uses more cores than it may run on
         limit = float(len(cpus) or psutil.cpu_count() or 1)
         return ProcessReading(
-            pid, min(main / dt, limit), workers, min(workers_cpu / dt, limit), cpus, dt,
+            pid,
+            min(main / dt, limit),
+            workers,
+            min(workers_cpu / dt, limit),
+            cpus,
+            dt,
             tracked.started,
         )
 

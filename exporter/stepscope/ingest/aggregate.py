@@ -48,6 +48,8 @@ from typing import NamedTuple, cast
 
 from stepscope.core.exposition import NativeHistogram
 from stepscope.core.labels import RankIdentity
+from stepscope.core.logbudget import LogBudget
+from stepscope.core.procfs import ProcessStamp
 from stepscope.core.source import PartKey
 from stepscope.ingest.native import NativeCounts
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS, PeakTable
@@ -264,6 +266,9 @@ class _RankState:
     precision: str = DEFAULT_PRECISION
     owner_uid: int | None = None
     owner_pid: int = 0  # the sender's kernel pid; 0: not known (another PID namespace)
+    # the owner process as first seen (start time, uid): a process on the reused pid
+    # is not it; None: /proc did not say
+    owner_stamp: ProcessStamp | None = None
     ident: RankIdentity | None = None
     # its job's state, to count its steps in the job's histogram too (set at creation)
     job_state: _JobState | None = None
@@ -468,7 +473,12 @@ def _push_extreme(
 
 
 def _new_rank(
-    rec: StepRecord, uid: int | None, kpid: int, job_state: _JobState, now: float
+    rec: StepRecord,
+    uid: int | None,
+    kpid: int,
+    job_state: _JobState,
+    now: float,
+    stamp: ProcessStamp | None = None,
 ) -> _RankState:
     """A rank's state from its first step: its identity, its owner and its job."""
     return _RankState(
@@ -481,6 +491,7 @@ def _new_rank(
         precision=rec.precision,
         owner_uid=uid,
         owner_pid=kpid,
+        owner_stamp=stamp,
         # the process to read in /proc: the one the kernel named (in a namespace below
         # ours it reports another pid), or over UDP (no credentials) the one it reports
         ident=RankIdentity(rec.job, rec.rank, rec.local_rank, rec.uuid, rec.pid,
@@ -500,13 +511,18 @@ class Aggregator:
         self,
         settings: TrainingSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
-        process_exited: Callable[[int], bool] | None = None,
+        process_exited: Callable[[int, ProcessStamp | None], bool] | None = None,
+        process_stamp: Callable[[int], ProcessStamp | None] | None = None,
     ) -> None:
         self._settings = settings or TrainingSettings()
         self._clock = clock
-        # whether the process of a kernel pid has exited (the listener reads /proc);
-        # without it a rank is never taken over before it expires
-        self._process_exited = process_exited or (lambda pid: False)
+        # whether the process of a kernel pid, first seen as a stamp, has exited, and
+        # the stamp of a live one (both read /proc: stepscope.core.procfs); without them
+        # a rank is never taken over before it expires
+        self._process_exited = process_exited or (lambda pid, stamp: False)
+        self._process_stamp = process_stamp or (lambda pid: None)
+        # takeovers and evictions are caused by senders: their lines are on a budget
+        self._log = LogBudget(log, clock=clock)
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, int], _RankState] = {}
         self._jobs: dict[str, _JobState] = {}
@@ -566,7 +582,7 @@ class Aggregator:
                     self._rejected[reason] += 1
                     return reason
                 state = self._ranks[(rec.job, rec.rank)] = _new_rank(
-                    rec, uid, kpid, self._jobs[rec.job], now
+                    rec, uid, kpid, self._jobs[rec.job], now, self._stamp(kpid)
                 )
                 self._jobs[rec.job].ranks += 1
             elif state.owner_uid != uid or (state.owner_pid and kpid != state.owner_pid):
@@ -592,8 +608,11 @@ class Aggregator:
             and uid == state.owner_uid
             and state.owner_pid != 0
             and kpid != 0
-            and self._process_exited(state.owner_pid)
+            and self._process_exited(state.owner_pid, state.owner_stamp)
         )
+
+    def _stamp(self, kpid: int) -> ProcessStamp | None:
+        return self._process_stamp(kpid) if kpid > 0 else None
 
     def _restart(
         self, old: _RankState, rec: StepRecord, uid: int | None, kpid: int, now: float
@@ -603,9 +622,12 @@ class Aggregator:
         highest number the old process reported redo lost progress."""
         job_state = self._jobs[rec.job]
         job_state.restarts += 1
-        state = self._ranks[(rec.job, rec.rank)] = _new_rank(rec, uid, kpid, job_state, now)
+        state = self._ranks[(rec.job, rec.rank)] = _new_rank(
+            rec, uid, kpid, job_state, now, self._stamp(kpid)
+        )
         state.resume_until = max(old.max_step, old.resume_until)
-        log.info(
+        self._log.log(
+            "takeover", logging.INFO,
             "ingest: rank %d of job %r taken over by pid %d: its process (pid %d) has "
             "exited (restart %d of this job here)",
             rec.rank, rec.job, kpid, old.owner_pid, job_state.restarts,
@@ -673,7 +695,8 @@ class Aggregator:
         for key in [k for k in self._ranks if k[0] == job]:
             del self._ranks[key]
         self._forget_job(job)
-        log.warning(
+        self._log.log(
+            "evicted_job", logging.WARNING,
             "ingest: job %r of uid %s forgotten: that uid held %d job slots, more than its "
             "share of %d, and uid %s needed one (docs/ingest.md#caps-and-expiry)",
             job, victim, self._jobs_per_uid.get(victim, 0) + 1, share, uid,

@@ -1,70 +1,181 @@
-"""What the ingest does when it refuses a step: it says so, once in a while, to the
-exporter's log and to the sending process; and whether a rank's process has exited,
-so that a restarted rank can take its place at once.
+"""What the ingest does when it refuses a step: it says so, on a budget, to the
+exporter's log and to the sending process; and whether a rank's process has exited, so
+that a restarted rank can take its place at once.
 
 A refused step used to vanish: a job restarted under the same name after a crash had
 every datagram refused (``not_owner``) until the old rank expired, five minutes later,
-and neither log said a word. Now:
+and neither log said a word. Now both logs say so, and neither can be turned against us
+(docs/security.md#answers-to-refused-senders):
 
-- the exporter logs each (reason, job, rank) at most once a minute, with the number of
-  refusals since it last said so;
-- a sender whose Unix socket has an address (the SDK binds to an abstract name the
-  kernel picks) gets a short answer (``shared.datagram.encode_refusal``) at most once
-  every few seconds per reason, sent without blocking: a full or vanished receiver
-  costs nothing. UDP is never answered (its source address is not authenticated);
-- :func:`process_exited` tells the aggregator when a rank's process is gone, so the same
-  user's new process takes the rank over on its first step.
+- **the log**: one budget per reason (:class:`stepscope.core.logbudget.LogBudget`: a few
+  lines at once, then a few a minute, then one "N more suppressed" line a minute). The
+  sender chooses its job, rank and address but not the reason, so it cannot reset the
+  limit by varying them; ``stepscope_ingest_rejected_total`` still counts every datagram;
+- **the answer** (``shared.datagram.encode_refusal``) goes only to the process that sent
+  the refused datagram, verified with what the kernel vouches for: the sender's address
+  must be an abstract name (the SDK autobinds one; a filesystem path is never answered:
+  it would be resolved against our working directory and through symlinks, as root), the
+  sender's pid (from ``SCM_CREDENTIALS``) must live in this exporter's network
+  namespace (where the name is resolved: a sender in another pod's namespace is never
+  answered, else whichever process of the host holds that name would be), and the socket
+  bound to that name here must be one of that process's open files. Answers are spent
+  from the sending uid's own budget (:data:`UID_BURST`, then :data:`UID_PER_SECOND`), so
+  one uid's flood cannot use up another's; :data:`MAX_ANSWERS_PER_SECOND` over all uids
+  is a last resort that also bounds the cost of the checks. At most one answer per
+  (address, reason) every :data:`ANSWER_EVERY` seconds. Sent without blocking: a full or
+  vanished receiver costs one failed send. UDP is never answered (its source address is
+  not authenticated);
+- :func:`process_exited` (``stepscope.core.procfs``) tells the aggregator when a rank's
+  process is gone, comparing the start time and owner recorded at first sight, so a
+  process on a reused pid is not the owner.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stepscope.core.logbudget import LogBudget
+from stepscope.core.procfs import ProcessStamp, process_exited, process_stamp
 from stepscope.ingest.aggregate import Sender
 from stepscope.shared.datagram import REFUSAL_HINTS, StepRecord, encode_refusal
 
+__all__ = [
+    "ANSWER_EVERY",
+    "MAX_ANSWERS_PER_SECOND",
+    "UID_BURST",
+    "UID_PER_SECOND",
+    "PeerCheck",
+    "ProcessStamp",
+    "Refusals",
+    "process_exited",
+    "process_stamp",
+]
+
 log = logging.getLogger("stepscope.ingest")
 
-ANSWER_EVERY = 5.0  # seconds between answers to one sender for one reason
-LOG_EVERY = 60.0  # seconds between log lines for one (reason, job, rank)
-MAX_ANSWERS_PER_SECOND = 100  # a flood of refused senders costs at most this many sends
-_REMEMBER = 4096  # distinct keys kept for the rate limits (cleared when full)
+ANSWER_EVERY = 5.0  # seconds between answers to one sender address for one reason
+UID_BURST = 16  # answers a uid may get at once (a job's ranks refused together)
+UID_PER_SECOND = 2.0  # then this many a second, per uid
+# over all uids: a last resort, and the bound on the /proc reads the checks cost
+MAX_ANSWERS_PER_SECOND = 50
+_ADDRESSES = 4096  # (address, reason) pairs remembered, least recent forgotten first
+_UIDS = 1024  # uid budgets kept; a full (idle) one is forgotten first, never a spent one
 
 
-def process_exited(pid: int, proc: Path = Path("/proc")) -> bool:
-    """Whether the process with kernel pid ``pid`` has exited: no longer in ``/proc``,
-    or a zombie its parent has not reaped yet (a crashed rank under a launcher).
+class PeerCheck:
+    """Whether an abstract Unix address belongs to the process the kernel names.
 
-    A ``/proc`` that hides other users' processes (``hidepid``) hides only other users'
-    ranks, and only the same user's process may take a rank over. Anything unreadable
-    otherwise reads as alive: the rank then waits for its expiry, as before.
+    Reads ``/proc``: the sender's network namespace against ours, the inode of the
+    socket bound to the name in ours (``/proc/net/unix``), and whether that socket is
+    one of the sender's open files (``/proc/<pid>/fd``). Anything unreadable fails the
+    check: an exporter that is not root can verify only its own uid's processes.
     """
-    try:
-        stat = (proc / str(pid) / "stat").read_bytes()
-    except FileNotFoundError:
-        return True
-    except OSError:
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self._proc = proc
+        self._netns = self._ns(os.path.join(proc, "self"))
+
+    @staticmethod
+    def _ns(process_dir: str) -> tuple[int, int] | None:
+        try:
+            st = os.stat(os.path.join(process_dir, "ns", "net"))
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def __call__(self, address: Any, pid: int) -> bool:
+        name = _abstract_name(address)
+        if name is None or pid <= 0 or self._netns is None:
+            return False
+        process_dir = os.path.join(self._proc, str(pid))
+        if self._ns(process_dir) != self._netns:
+            return False
+        inode = self._bound_inode(name)
+        return inode is not None and self._holds(process_dir, inode)
+
+    def _bound_inode(self, name: str) -> int | None:
+        """The inode of the socket bound to abstract ``@name`` in our namespace."""
+        wanted = "@" + name
+        try:
+            with open(os.path.join(self._proc, "self", "net", "unix"), encoding="ascii",
+                      errors="replace") as f:  # fmt: skip
+                next(f, None)  # the header
+                for line in f:
+                    fields = line.split()
+                    if len(fields) == 8 and fields[7] == wanted:
+                        return int(fields[6])
+        except (OSError, ValueError):
+            return None
+        return None
+
+    @staticmethod
+    def _holds(process_dir: str, inode: int) -> bool:
+        target = f"socket:[{inode}]"
+        fd_dir = os.path.join(process_dir, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            return False
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(os.path.join(fd_dir, fd)) == target:
+                    return True
         return False
-    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last
-    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
-    return state in (b"Z", b"X")
+
+
+def _abstract_name(address: Any) -> str | None:
+    """The printable name of an abstract Unix address (``b"\\0name"``); None for a path,
+    an unnamed socket, or a name ``/proc/net/unix`` cannot show unambiguously."""
+    if not isinstance(address, bytes) or len(address) < 2 or address[0] != 0:
+        return None
+    name = address[1:]
+    if not all(0x21 <= b <= 0x7E and b != 0x40 for b in name):  # printable, no "@"
+        return None
+    return name.decode("ascii")
+
+
+@dataclass(slots=True)
+class _Budget:
+    tokens: float
+    stamp: float
 
 
 class Refusals:
-    """Logs refusals and answers refused senders, both rate-limited; never raises."""
+    """Logs refusals and answers refused senders, both on budgets; never raises."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        peer_check: Callable[[Any, int], bool] | None = None,
+    ) -> None:
         self._clock = clock
-        self._answered: dict[tuple[Any, str], float] = {}
-        self._logged: dict[tuple[str, str | None, int | None], tuple[float, int]] = {}
+        self._peer_check = peer_check if peer_check is not None else PeerCheck()
+        self._log = LogBudget(log, clock=clock)
+        self._lock = threading.Lock()
+        self._answered: OrderedDict[tuple[Any, str], float] = OrderedDict()
+        self._uids: dict[int, _Budget] = {}
         self._second = 0.0
         self._answers = 0
+        # what became of the answers (sent, or why not), for the status page and tests
+        self.outcomes: dict[str, int] = dict.fromkeys(
+            ("sent", "not_abstract", "repeat", "uid_budget", "global_budget", "unverified",
+             "send_failed"), 0,
+        )  # fmt: skip
+
+    @property
+    def log_budget(self) -> LogBudget:
+        """The refusal lines' budget (its summary lines come from ``flush_all``)."""
+        return self._log
 
     def refused(
         self,
@@ -74,51 +185,81 @@ class Refusals:
         rec: StepRecord | None,
         sender: Sender | None,
     ) -> None:
-        """One step refused for ``reason``: log it (rate-limited) and, when the sender
-        has an address on our Unix socket, answer it (rate-limited)."""
-        now = self._clock()
+        """One step refused for ``reason``: log it and, when the sender is a verified
+        process on our Unix socket, answer it (both on budgets)."""
         job, rank = (rec.job, rec.rank) if rec is not None else (None, None)
-        self._log(now, reason, job, rank, sender)
-        if sock is not None and address and sock.family == socket.AF_UNIX:
-            self._answer(now, sock, address, reason, job, rank)
+        if self._log.allow(reason):
+            who = f"rank {rank} of job {job!r}" if job is not None else "a datagram"
+            by = f" from uid {sender.uid} pid {sender.pid}" if sender is not None else ""
+            hint = REFUSAL_HINTS.get(reason, "malformed")
+            log.warning("ingest: refused %s%s: %s (%s)", who, by, reason, hint)
+        if sock is not None and sender is not None and sock.family == socket.AF_UNIX:
+            self._answer(sock, address, reason, job, rank, sender)
 
-    def _log(
-        self, now: float, reason: str, job: str | None, rank: int | None, sender: Sender | None
-    ) -> None:
-        key = (reason, job, rank)
-        last, since = self._logged.get(key, (float("-inf"), 0))
-        if now - last < LOG_EVERY:
-            self._logged[key] = (last, since + 1)
-            return
-        if len(self._logged) >= _REMEMBER:
-            self._logged.clear()
-        self._logged[key] = (now, 0)
-        who = f"rank {rank} of job {job!r}" if job is not None else "a datagram"
-        by = f" from uid {sender.uid} pid {sender.pid}" if sender is not None else ""
-        more = f"; {since} more since the last line" if since else ""
-        hint = REFUSAL_HINTS.get(reason, "malformed")
-        log.warning("ingest: refused %s%s: %s (%s)%s", who, by, reason, hint, more)
+    def _count(self, outcome: str) -> None:
+        self.outcomes[outcome] += 1
 
     def _answer(
         self,
-        now: float,
         sock: socket.socket,
         address: Any,
         reason: str,
         job: str | None,
         rank: int | None,
+        sender: Sender,
     ) -> None:
-        key = (address, reason)
-        if now - self._answered.get(key, float("-inf")) < ANSWER_EVERY:
+        if _abstract_name(address) is None:
+            self._count("not_abstract")
             return
-        if now - self._second >= 1.0:
-            self._second, self._answers = now, 0
-        if self._answers >= MAX_ANSWERS_PER_SECOND:
+        now = self._clock()
+        with self._lock:
+            key = (address, reason)
+            last = self._answered.get(key)
+            if last is not None and now - last < ANSWER_EVERY:
+                self._count("repeat")
+                return
+            if not self._spend_uid(sender.uid, now):
+                self._count("uid_budget")
+                return
+            if now - self._second >= 1.0:
+                self._second, self._answers = now, 0
+            if self._answers >= MAX_ANSWERS_PER_SECOND:
+                self._count("global_budget")
+                return
+            self._answers += 1
+            self._answered[key] = now
+            self._answered.move_to_end(key)
+            while len(self._answered) > _ADDRESSES:
+                self._answered.popitem(last=False)
+        # the check reads /proc: after the budgets, so a flood pays for few of them
+        if not self._peer_check(address, sender.pid):
+            self._count("unverified")
             return
-        if len(self._answered) >= _REMEMBER:
-            self._answered.clear()
-        self._answered[key] = now
-        self._answers += 1
-        # never blocks: a receiver that is full, gone or hostile costs one failed send
-        with contextlib.suppress(OSError):
+        # never blocks: a receiver that is full or gone costs one failed send
+        try:
             sock.sendto(encode_refusal(reason, job, rank), socket.MSG_DONTWAIT, address)
+        except OSError:
+            self._count("send_failed")
+        else:
+            self._count("sent")
+
+    def _spend_uid(self, uid: int, now: float) -> bool:
+        budget = self._uids.get(uid)
+        if budget is None:
+            if len(self._uids) >= _UIDS and not self._forget_idle_uid(now):
+                return False
+            budget = self._uids[uid] = _Budget(float(UID_BURST), now)
+        budget.tokens = min(float(UID_BURST), budget.tokens + (now - budget.stamp) * UID_PER_SECOND)
+        budget.stamp = now
+        if budget.tokens < 1.0:
+            return False
+        budget.tokens -= 1.0
+        return True
+
+    def _forget_idle_uid(self, now: float) -> bool:
+        """Forget one uid whose budget has refilled (the same as never seen)."""
+        for uid, budget in self._uids.items():
+            if budget.tokens + (now - budget.stamp) * UID_PER_SECOND >= UID_BURST:
+                del self._uids[uid]
+                return True
+        return False

@@ -33,7 +33,9 @@ class Run:
     def __init__(self, exited: set[int] | None = None) -> None:
         self.clock = ManualClock(5000.0)
         self.exited = exited if exited is not None else set()
-        self.agg = Aggregator(clock=self.clock, process_exited=self.exited.__contains__)
+        self.agg = Aggregator(
+            clock=self.clock, process_exited=lambda pid, _stamp: pid in self.exited
+        )
         self.ledger = GoodputLedger()
         self.kinds: dict[tuple[str, int], str] = {}
         self.finished: dict[tuple[str, int], FinishedRank] = {}
