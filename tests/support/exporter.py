@@ -59,11 +59,13 @@ def start_exporter(
     env: dict[str, str] | None = None,
     timeout: float = 30.0,
     command: Sequence[str] | None = None,
+    cwd: str | None = None,
 ) -> Exporter:
     """Start the exporter and wait (with a deadline) until it says where it serves.
 
     ``command`` replaces ``python -m stepscope serve --listen 127.0.0.1:0`` before
     ``args``: an installed ``stepscope`` entry point, or one run in a container.
+    ``cwd``: the exporter's working directory (the test's, if None).
     """
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     full_env.pop("STEPSCOPE_CONFIG", None)
@@ -75,6 +77,7 @@ def start_exporter(
         stdout=subprocess.DEVNULL,
         text=True,
         env=full_env,
+        cwd=cwd,
     )
     STARTED.append(proc)
     lines: list[str] = []

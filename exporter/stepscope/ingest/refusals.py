@@ -7,7 +7,8 @@ every datagram refused (``not_owner``) until the old rank expired, five minutes 
 and neither log said a word. Now both logs say so, and neither can be turned against us
 (docs/security.md#answers-to-refused-senders):
 
-- **the log**: one budget per reason (:class:`stepscope.core.logbudget.LogBudget`: a few
+- **the log**: a (reason, job, rank) at most once a minute, within one budget per
+  reason (:class:`stepscope.core.logbudget.LogBudget`: a few
   lines at once, then a few a minute, then one "N more suppressed" line a minute). The
   sender chooses its job, rank and address but not the reason, so it cannot reset the
   limit by varying them; ``stepscope_ingest_rejected_total`` still counts every datagram;
@@ -51,6 +52,7 @@ from stepscope.shared.datagram import REFUSAL_HINTS, StepRecord, encode_refusal
 
 __all__ = [
     "ANSWER_EVERY",
+    "LOG_EVERY",
     "MAX_ANSWERS_PER_SECOND",
     "UID_BURST",
     "UID_PER_SECOND",
@@ -64,11 +66,13 @@ __all__ = [
 log = logging.getLogger("stepscope.ingest")
 
 ANSWER_EVERY = 5.0  # seconds between answers to one sender address for one reason
+LOG_EVERY = 60.0  # seconds between lines for one (reason, job, rank), within the budget
 UID_BURST = 16  # answers a uid may get at once (a job's ranks refused together)
 UID_PER_SECOND = 2.0  # then this many a second, per uid
 # over all uids: a last resort, and the bound on the /proc reads the checks cost
 MAX_ANSWERS_PER_SECOND = 50
 _ADDRESSES = 4096  # (address, reason) pairs remembered, least recent forgotten first
+_LOG_KEYS = 4096  # (reason, job, rank) remembered for LOG_EVERY, least recent first
 _UIDS = 1024  # uid budgets kept; a full (idle) one is forgotten first, never a spent one
 
 
@@ -163,6 +167,7 @@ class Refusals:
         self._log = LogBudget(log, clock=clock)
         self._lock = threading.Lock()
         self._answered: OrderedDict[tuple[Any, str], float] = OrderedDict()
+        self._logged: OrderedDict[tuple[str, str | None, int | None], float] = OrderedDict()
         self._uids: dict[int, _Budget] = {}
         self._second = 0.0
         self._answers = 0
@@ -188,13 +193,28 @@ class Refusals:
         """One step refused for ``reason``: log it and, when the sender is a verified
         process on our Unix socket, answer it (both on budgets)."""
         job, rank = (rec.job, rec.rank) if rec is not None else (None, None)
-        if self._log.allow(reason):
+        if self._first_in_a_while((reason, job, rank)) and self._log.allow(reason):
             who = f"rank {rank} of job {job!r}" if job is not None else "a datagram"
             by = f" from uid {sender.uid} pid {sender.pid}" if sender is not None else ""
             hint = REFUSAL_HINTS.get(reason, "malformed")
             log.warning("ingest: refused %s%s: %s (%s)", who, by, reason, hint)
         if sock is not None and sender is not None and sock.family == socket.AF_UNIX:
             self._answer(sock, address, reason, job, rank, sender)
+
+    def _first_in_a_while(self, key: tuple[str, str | None, int | None]) -> bool:
+        """Whether ``key`` was not logged in the last :data:`LOG_EVERY` seconds: a
+        restarted rank refused each step is one line, not one a step. Forgetting a key
+        (the least recent, past :data:`_LOG_KEYS`) only lets the budget decide."""
+        now = self._clock()
+        with self._lock:
+            last = self._logged.get(key)
+            if last is not None and now - last < LOG_EVERY:
+                return False
+            self._logged[key] = now
+            self._logged.move_to_end(key)
+            while len(self._logged) > _LOG_KEYS:
+                self._logged.popitem(last=False)
+            return True
 
     def _count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
