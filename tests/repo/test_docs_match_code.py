@@ -191,6 +191,7 @@ NEEDS_A_SETTING = {
     "namespace": "--kubernetes-pod-resources",
     "container": "--kubernetes-pod-resources",
     "hostname": "--host-label hostname (Hostname by default)",
+    "group": "StepReporter(group=...) or STEPSCOPE_GROUP (none: the job is one group)",
 }
 SET_BY_PROMETHEUS = {"cluster", "job", "instance"}
 

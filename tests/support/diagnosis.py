@@ -77,14 +77,14 @@ class Node:
     def step(
         self, rank: int, dur: float, data: float = 0.0, comm: float = 0.0, other: float = 0.0,
         gpu: int | None = None, world_size: int = 1, job: str = "j", warmup: bool = False,
-        spans: tuple[float, ...] | None = None,
+        spans: tuple[float, ...] | None = None, group: str | None = None,
     ) -> None:  # fmt: skip
         n = self.steps[rank] = self.steps.get(rank, -1) + 1
         self.agg.add(
             StepRecord(
                 job, rank, rank, n, 1.7e9 + self.clock.t, dur, data, dur - data - comm - other,
                 comm, other, warmup, 0, 0.0, "bf16", world_size, PID + rank,
-                self.uuids[gpu] if gpu is not None else None, 0, None, spans,
+                self.uuids[gpu] if gpu is not None else None, 0, None, spans, group=group,
             )
         )  # fmt: skip
 

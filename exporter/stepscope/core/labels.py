@@ -77,6 +77,8 @@ class RankIdentity:
     uuid: str | None = None
     pid: int | None = None
     proc: int | None = None
+    # the rank's group of peers in its job (a pipeline stage, a role), where it reports one
+    group: str | None = None
 
 
 class LabelSchema:
@@ -121,15 +123,21 @@ class LabelSchema:
         return self._node
 
     def rank(self, rank: RankIdentity) -> str:
-        """The label set of a rank's series, joined with its GPU by UUID."""
-        return self.subject(rank.job, rank.rank, rank.local_rank, rank.uuid)
+        """The label set of a rank's series, joined with its GPU by UUID (and its
+        ``group`` where it reports one)."""
+        return self.subject(rank.job, rank.rank, rank.local_rank, rank.uuid, rank.group)
 
     def subject(
-        self, job: str, rank: int | None, local_rank: int | None, uuid: str | None
+        self,
+        job: str,
+        rank: int | None,
+        local_rank: int | None,
+        uuid: str | None,
+        group: str | None = None,
     ) -> str:
         """The rank label set for any subject: a rank, or a GPU without one (rank None)."""
         gpu = self.gpu_identity(uuid)
-        key = (job, rank, local_rank, gpu, self.hostname, self.host_label)
+        key = (job, rank, local_rank, gpu, self.hostname, self.host_label, group)
         cached = self._rank_cache.get(key)
         if cached is None:
             if len(self._rank_cache) > _MAX_CACHED:
@@ -139,6 +147,7 @@ class LabelSchema:
                     (TRAINING_JOB_LABEL, job),
                     ("rank", "" if rank is None else str(rank)),
                     ("local_rank", "" if local_rank is None else str(local_rank)),
+                    ("group", group or ""),
                     ("gpu", str(gpu.index) if gpu else ""),
                     ("UUID", gpu.uuid if gpu else ""),
                     ("modelName", gpu.model_name if gpu else ""),

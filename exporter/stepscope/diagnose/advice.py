@@ -72,6 +72,14 @@ MODIFIER_ADVICE: dict[str, str] = {
     "and every all-reduce waits for it; check cooling or drain the node.",
     "power_cap": "Clocks held at the power limit: expected near full load on H100/H200; "
     "check the power limit if it persists at modest load.",
+    "straggler": "This rank is busier per step than the other ranks of its group on this "
+    "node, and every rank of its job waits for it at each all-reduce: compare its GPU "
+    "(clocks, temperature, power) and its input pipeline with its peers'; drain its GPU if "
+    "the hardware is the difference.",
+    "clock_lag": "Under load this GPU's SM clock sits below its peers' (same model and "
+    "power limit) with no thermal event to explain it: check locked or lowered clocks "
+    "(nvidia-smi -q -d CLOCK; reset with nvidia-smi -rgc), then power delivery and "
+    "cooling; drain the GPU if it stays slow, since every all-reduce waits for it.",
     "tcp_suspected": "The job spans nodes and NCCL has probably fallen back to TCP sockets "
     "(no RDMA device, RDMA counters flat, or NCCL's own report): check its log with "
     "`stepscope nccl-check` (expect 'NET/OFI Selected provider is efa').",
@@ -102,7 +110,8 @@ MODIFIER_ADVICE: dict[str, str] = {
 
 # Modifiers whose advice replaces the kind's: the kind's generic line would mislead
 # (a memory-bound GPU is not helped by "raise the batch, lower precision").
-_OVERRIDING = ("memory_bound", "fp32_no_tensor", "thermal_throttle", "tcp_suspected")
+_OVERRIDING = ("memory_bound", "fp32_no_tensor", "thermal_throttle", "clock_lag",
+               "tcp_suspected")
 
 
 def advice_for(kind: str, modifiers: tuple[str, ...]) -> str:
@@ -290,6 +299,22 @@ MODIFIER_CLAIMS: dict[str, tuple[Claim, ...]] = {
         Claim(
             "Clocks held at the power limit",
             lambda s, th: _at_least(s, "power_share", th.throttle_share),
+        ),
+    ),
+    "straggler": (
+        Claim(
+            "This rank is busier per step than the other ranks of its group on this node",
+            lambda s, th: _at_least(s, "busy_over_group", th.straggler_ratio),
+        ),
+    ),
+    "clock_lag": (
+        Claim(
+            "Under load this GPU's SM clock sits below its peers'",
+            lambda s, th: _below(s, "sm_clock_over_peers", th.clock_lag_ratio),
+        ),
+        Claim(
+            "with no thermal event to explain it",
+            lambda s, th: _below(s, "thermal_share", th.throttle_share),
         ),
     ),
     "tcp_suspected": (

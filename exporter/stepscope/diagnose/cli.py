@@ -54,6 +54,10 @@ MAX_TIMEOUT_S = 3600.0
 NODE_STRAGGLER = "Hostname_peer_group:DCGM_FI_PROF_SM_ACTIVE:ratio_median_node"
 THERMAL = "Hostname_gpu:DCGM_FI_DEV_THERMAL_VIOLATION:ratio_rate2m"
 STRAGGLER_SCORE = "training_job_rank:stepscope_straggler_score:ratio"
+FAIL_SLOW_SCORE = "training_job_rank:stepscope_fail_slow_score:ratio"
+# a rank's busy time now over its own past (StepscopeRankStraggler's second reference)
+BUSY_OVER_PAST = (f"training_job_rank:stepscope_step_busy_seconds:mean{FLEET.straggler_window}"
+                  f"_over_past{FLEET.fail_slow_baseline}")
 BUSY = f"training_job_rank:stepscope_step_busy_seconds:mean{FLEET.straggler_window}"
 PHASES = "training_job_rank:stepscope_step_phase_seconds:mean2m"
 NO_RULES = (
@@ -283,6 +287,8 @@ def fleet_queries(host_label: str = HOST_LABEL) -> dict[str, str]:
         "node_straggler": NODE_STRAGGLER,
         "thermal": THERMAL,
         "score": STRAGGLER_SCORE,
+        "fail_slow": FAIL_SLOW_SCORE,
+        "over_past": BUSY_OVER_PAST,
         # shown beside the judgement: each rank's busy time and its phases per step
         "busy": BUSY,
         "phase_per_step": PHASES,
@@ -311,6 +317,17 @@ def _kind(kind: str, mods: Sequence[str]) -> str:
     return kind + "".join(f"+{m}" for m in mods)
 
 
+def _slow_against(entry: dict[str, Any]) -> str | None:
+    """What a rank is slow against, as StepscopeRankStraggler's ``compared_with`` says:
+    ``group`` (its group's median rank), ``past`` (its own past, its job not), or None."""
+    ratio = FLEET.rank_straggler_ratio
+    if entry.get("score", 0.0) > ratio:
+        return "group"
+    if entry.get("fail_slow", 0.0) > ratio and entry.get("over_past", 0.0) > ratio:
+        return "past"
+    return None
+
+
 def analyse_fleet(
     results: dict[str, list[dict[str, Any]]], host_label: str = HOST_LABEL
 ) -> dict[str, Any]:
@@ -319,7 +336,9 @@ def analyse_fleet(
     Every judgement is an alert's, on the series the alert reads, by the same threshold
     (:data:`~stepscope.diagnose.fleet_rules.FLEET`): per training job, the rank the others
     wait for is one whose straggler score (busy time per step, the step less exposed
-    communication, over the job's median rank) is above ``rank_straggler_ratio``
+    communication, over the median rank of its group: the job where no group is
+    reported) is above ``rank_straggler_ratio``, or whose fail-slow score (its busy time
+    over its own past, over its job's median change) and change both are
     (``StepscopeRankStraggler``); a node straggler's least active GPU is under
     ``node_straggler_share`` of its peer group's median node (``StepscopeNodeStraggler``);
     a GPU is thermally throttled above ``throttle_share`` of the time
@@ -377,12 +396,16 @@ def analyse_fleet(
     def rank_entry(m: dict[str, str]) -> dict[str, Any]:
         return ranks.setdefault((m.get("cluster"), m.get("training_job"), m.get("rank")), {
             "cluster": m.get("cluster"), "job": m.get("training_job"), "rank": m.get("rank"),
-            "Hostname": m.get(host), "gpu": m.get("gpu"), "phases": {}})  # fmt: skip
+            "Hostname": m.get(host), "gpu": m.get("gpu"), "group": m.get("group"),
+            "phases": {}})  # fmt: skip
 
     for r in _finite(results.get("busy", [])):
         rank_entry(r["metric"])["busy"] = _val(r)
     for r in _finite(results.get("score", [])):
         rank_entry(r["metric"])["score"] = _val(r)
+    for name in ("fail_slow", "over_past"):
+        for r in _finite(results.get(name, [])):
+            rank_entry(r["metric"])[name] = _val(r)
     for r in _finite(results.get("phase_per_step", [])):
         m = r["metric"]
         if (m.get("cluster"), m.get("training_job"), m.get("rank")) in ranks:
@@ -407,7 +430,7 @@ def analyse_fleet(
         job_reports.append(report)
         if len(members) < 2:
             continue
-        slow = [e for e in members if e.get("score", 0.0) > FLEET.rank_straggler_ratio]
+        slow = [e for e in members if _slow_against(e) is not None]
         slow_hosts = {e["Hostname"] for e in slow}
         for e in slow:
             k = (cluster, job, e["rank"])
@@ -418,13 +441,21 @@ def analyse_fleet(
             cause = _kind(kind, its_mods) if kind else "no verdict from its node"
             advice = advice_for(kind, tuple(its_mods)) if kind in KIND_ADVICE else ""
             ph = e["phases"]
-            detail = (f"busy {e['busy']:.3f} s/step (compute {ph.get('compute', 0.0):.3f}, "
-                      f"data {ph.get('data_wait', 0.0):.3f}) vs the job's median "
-                      f"{e['busy'] / e['score']:.3f} s: {e['score']:.2f}x "
-                      f"(threshold {FLEET.rank_straggler_ratio:g}x)")  # fmt: skip
+            against = _slow_against(e)
+            ratio = e["score"] if against == "group" else e["fail_slow"]
+            busy = (f"busy {e['busy']:.3f} s/step (compute {ph.get('compute', 0.0):.3f}, "
+                    f"data {ph.get('data_wait', 0.0):.3f})")
+            if against == "group":
+                peers = f"group {e['group']}'s" if e.get("group") else "the job's"
+                detail = f"{busy} vs {peers} median {e['busy'] / e['score']:.3f} s"
+            else:
+                detail = (f"{busy}, {e['over_past']:.2f}x its own of before while its job's "
+                          "ranks did not slow as much")
+            detail += f": {ratio:.2f}x (threshold {FLEET.rank_straggler_ratio:g}x)"
             finding = {"kind": "slow_rank", "job": job, "rank": e["rank"], "cluster": cluster,
                        "Hostname": e["Hostname"], "gpu": e["gpu"], "detail": detail,
-                       "ratio": e["score"], "cause": cause, "advice": advice}  # fmt: skip
+                       "ratio": ratio, "compared_with": against, "cause": cause,
+                       "advice": advice}  # fmt: skip
             if hot > FLEET.throttle_share and "thermal_throttle" not in its_mods:
                 finding["cause"] += f" (its GPU thermal-throttled {hot:.0%} of the time)"
             findings.append(finding)

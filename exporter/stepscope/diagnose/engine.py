@@ -20,6 +20,7 @@ from typing import Protocol
 from stepscope.core.labels import GpuIdentity
 from stepscope.core.snapshot import Snapshot
 from stepscope.diagnose.advice import advice_for
+from stepscope.diagnose.fail_slow import mark_fail_slow
 from stepscope.diagnose.faults import Fault, HeldXid, gpu_faults, noted_xids
 from stepscope.diagnose.finished import FinishedRank
 from stepscope.diagnose.losses import COMM, DATA, LOSS_WORDS, lost_shares
@@ -113,6 +114,8 @@ class GpuWindow:
     faults: tuple[Fault, ...] = ()
     notes: tuple[str, ...] = ()  # non-critical XIDs in the window
     pcie_rx: float | None = None  # bytes/s the GPU received over PCIe (host to device)
+    sm_clock: float | None = None  # MHz, mean over the window
+    power_limit: float | None = None  # W, the enforced limit now
 
     # made once per GPU window, however many ranks share the GPU
     @cached_property
@@ -184,6 +187,8 @@ def gpu_window(
         faults=faults,
         notes=tuple(noted_xids(timed[0][1], latest)),
         pcie_rx=_mean(series("pcie_rx_bytes")),
+        sm_clock=_mean(series("sm_clock")),
+        power_limit=live[-1].values.get("enforced_power_limit") if live else None,
     )
 
 
@@ -611,6 +616,7 @@ def rank_verdict(
         gpu=gpu.info.index if gpu else None,
         uuid=gpu.info.uuid if gpu else "",
         model=gpu.info.name if gpu else "",
+        group=r.identity.group or "",
     )
     peaks = _training(window.latest).settings.peak_flops
     mfu = rank_mfu(r, gpu.identity if gpu else None, peaks).value
@@ -879,6 +885,7 @@ def diagnose(
         return gpu_windows[uuid]
 
     hosts = HostWindows(window)
+    judged: list[RankWindow] = []  # the ranks with a verdict of their own, not finished
     for ranks in by_job.values():
         live = []
         for rw in ranks:
@@ -897,6 +904,7 @@ def diagnose(
             verdicts.append(finished_verdict(rw, gpu, mark, now))
         peers = JobPeers.of(live, th)
         job_cores = hosts.job_cores(rw.view.proc_pid for rw in live)
+        judged += live
         for rw in live:
             gpu = gpu_of(rw.view.uuid)
             if gpu is not None:
@@ -909,4 +917,6 @@ def diagnose(
         gw = gpu_of(g.info.uuid)
         if gw is not None:
             verdicts.append(gpu_verdict(gw, th))
+    gpus = [gw for g in _gpus(latest) if (gw := gpu_of(g.info.uuid)) is not None]
+    verdicts = mark_fail_slow(verdicts, judged, gpus, th)
     return Diagnosis(span, window.samples, tuple(verdicts), th, latest.timestamp)

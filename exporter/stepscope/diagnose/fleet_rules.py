@@ -51,7 +51,10 @@ class FleetRules:
     # thermal ratio ~45 s after, a node's SM ratio ~30 s after; these keep each alert
     # within two minutes of onset (docs/diagnosis.md, "From onset to verdict and alert")
     # while a transient shorter than the window and this does not page
-    rank_straggler_for: str = "30s"
+    # a rank straggler pages once it has lasted this long, so a transient (a save, a
+    # burst of jitter) does not; a rank 8% slower pages ~3 minutes after its onset
+    # (docs/diagnosis.md, "Fail-slow ranks and GPUs")
+    rank_straggler_for: str = "2m"
     node_straggler_for: str = "1m"
     thermal_for: str = "45s"
     # -- stragglers
@@ -63,8 +66,25 @@ class FleetRules:
     # counts a GPU without a rank at/above it as computing)
     sm_active_busy: float = 0.5
     # a rank whose busy time per step (the step less exposed communication) is above this
-    # multiple of its job's median rank: the rank every other rank waits for
-    rank_straggler_ratio: float = 1.25
+    # multiple of the median rank of its group (the ranks of its job that report the same
+    # group: a pipeline stage, a role; the whole job where none is reported), or has risen
+    # this much over its own past while its job's ranks have not: the rank every other
+    # rank waits for. 8% slower is caught (the 1m mean crosses 1.06 three quarters of the
+    # way in); per-step jitter of +-4% averages out far below it
+    rank_straggler_ratio: float = 1.06
+    # the rank's own past: its busy time per step averaged over this window, ending
+    # fail_slow_offset ago (long enough back that an onset is not yet its own past when
+    # the alert is due, 5 minutes after it)
+    fail_slow_baseline: str = "30m"
+    fail_slow_offset: str = "5m"
+    # a GPU under load (utilisation at/above this, %) whose SM clock averaged over a
+    # minute is under gpu_clock_lag_ratio of the median of its node's other loaded GPUs
+    # of the same model and enforced power limit, for gpu_clock_for: a fail-slow GPU,
+    # whatever its violation counters say (a clock held down without a thermal or power
+    # event). 8% lower is caught; clocks under a shared power cap sit within a few bins
+    clock_load_gpu_util: float = 90.0
+    gpu_clock_lag_ratio: float = 0.94
+    gpu_clock_for: str = "2m"
     # -- GPU health
     # share of the time under thermal (or power) clock events from which a GPU counts as
     # throttled (the node's own diagnosis: over its window)

@@ -44,6 +44,10 @@ MODIFIERS: tuple[str, ...] = (
     "memory_bound",
     "thermal_throttle",
     "power_cap",
+    # fail-slow on the node: a rank busier than its group's other ranks here; a loaded
+    # GPU clocked under its peers of the same model and power limit
+    "straggler",
+    "clock_lag",
     "tcp_suspected",
     *SPAN_MODIFIERS,
     "unnamed_gpu_work",
@@ -55,4 +59,5 @@ BOTTLENECK_KINDS: frozenset[str] = frozenset(
     {"gpu_fault", "host_bound", "transfer_bound", "input_cpu", "input_io", "input",
      "host_contended", "communication", "waiting_on_peer", "between_steps"}
 )  # fmt: skip
-ALERT_MODIFIERS: frozenset[str] = frozenset({"thermal_throttle", "tcp_suspected"})
+ALERT_MODIFIERS: frozenset[str] = frozenset(
+    {"thermal_throttle", "tcp_suspected", "straggler", "clock_lag"})

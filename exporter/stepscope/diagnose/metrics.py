@@ -43,7 +43,7 @@ def diagnosis_families(diag: Diagnosis, labels: LabelSchema) -> list[Family]:
     )
     for v in diag.verdicts:
         s = v.subject
-        lbl = labels.subject(s.job, s.rank, s.local_rank, s.uuid)
+        lbl = labels.subject(s.job, s.rank, s.local_rank, s.uuid, s.group or None)
         kind.add(join_labels(lbl, _KIND[v.kind]), 1.0)
         # in MODIFIERS' order, whatever order the verdict lists them in
         for name in MODIFIERS:

@@ -25,6 +25,7 @@ class Subject:
     gpu: int | None = None
     uuid: str = ""
     model: str = ""
+    group: str = ""  # the rank's group of peers in its job, where it reports one
 
     @property
     def name(self) -> str:

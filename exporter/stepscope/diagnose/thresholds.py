@@ -68,6 +68,13 @@ class Thresholds:
     dram_busy: float = 0.45  # DRAM active at/above this with tensor pipes idle: memory_bound
     # PCIe replays: a storm (DCGM's health limit; the fleet's StepscopeGpuPcieReplayStorm)
     pcie_replays_per_minute: float = FLEET.pcie_replays_per_minute
+    # fail-slow on the node (the fleet's numbers): a rank busy per step at/above this
+    # multiple of the median of its group's other ranks on the node is a straggler ...
+    straggler_ratio: float = FLEET.rank_straggler_ratio
+    # ... and a GPU above this utilisation (%) whose SM clock is under this share of the
+    # median of the node's other such GPUs (same model and power limit) lags
+    clock_load_gpu_util: float = FLEET.clock_load_gpu_util
+    clock_lag_ratio: float = FLEET.gpu_clock_lag_ratio
     fault_hold: float = 600.0  # seconds a critical XID keeps the fault verdict (no reset seen)
     finished_linger: float = 60.0  # seconds a finished rank reads `finished` before it drops
 
@@ -83,6 +90,8 @@ _RANGES: dict[str, tuple[float, float]] = {
     "main_cpu_busy": (0.0, 1024.0),
     "busy_gpu_util": (0.0, 100.0),
     "pcie_replays_per_minute": (0.0, 1e9),
+    "straggler_ratio": (1.0, 100.0),
+    "clock_load_gpu_util": (0.0, 100.0),
     # at least 10 minutes: a reset is not always visible, and a critical XID must not
     # scroll out of view with the window
     "fault_hold": (600.0, 604800.0),

@@ -120,7 +120,7 @@ class DeviceSpec:
 class TimelineEntry:
     """One scripted change on ``gpus`` from ``at`` (until ``until`` when given).
 
-    Window keys (workload keys, ``thermal``, ``power_cap``) override the state
+    Window keys (workload keys, ``thermal``, ``power_cap``, ``sm_clock``) override the state
     within ``[at, until)``; later entries win where windows overlap. Counter
     keys (``ecc_sbe``, ``ecc_dbe``, ``pcie_replay``) add that many at ``at``,
     or spread them evenly over ``[at, until)``. Point keys (``xid``,
@@ -140,6 +140,9 @@ class TimelineEntry:
     kernels: Kernels | None = None
     thermal: Thermal | None = None
     power_cap: bool | None = None
+    # the SM clock under load as a share of boost, with no clock event reason: a
+    # fail-slow board, or clocks locked with nvidia-smi -lgc
+    sm_clock: float | None = None
     xid: int | None = None
     fall_off_bus: bool = False
     row_remap_failure: bool = False
@@ -175,7 +178,7 @@ _TOP_KEYS = ("version", "name", "description", "gpus", "model", "driver_version"
 _WORKLOAD_KEYS = ("activity", "precision", "level", "period", "duty", "wait", "memory",
                   "kernels")
 _DEVICE_KEYS = ("model", "profiling")
-_WINDOW_KEYS = (*_WORKLOAD_KEYS, "thermal", "power_cap")
+_WINDOW_KEYS = (*_WORKLOAD_KEYS, "thermal", "power_cap", "sm_clock")
 _COUNTER_KEYS = ("ecc_sbe", "ecc_dbe", "pcie_replay")
 _POINT_KEYS = ("xid", "fall_off_bus", "row_remap_failure", "reset")
 _ENTRY_KEYS = ("at", "until", "gpus", *_WINDOW_KEYS, *_COUNTER_KEYS, *_POINT_KEYS)
@@ -363,6 +366,8 @@ def _parse_entry(c: _Checker, raw: object, path: str, n: int) -> TimelineEntry:
                                  "thermal slowdown kind")
     if "power_cap" in m:
         kw["power_cap"] = c.boolean(m["power_cap"], f"{path}.power_cap")
+    if "sm_clock" in m:
+        kw["sm_clock"] = c.number(m["sm_clock"], f"{path}.sm_clock", 0.0, 1.0, lo_open=True)
     for key in _COUNTER_KEYS:
         if key in m:
             kw[key] = c.integer(m[key], f"{path}.{key}", 1, 10**9)

@@ -140,6 +140,7 @@ class _State:
     kernels: Kernels
     thermal: Thermal
     power_cap: bool
+    sm_clock: float | None = None  # share of boost under load, no event reason
 
 
 class _Segment:
@@ -191,6 +192,8 @@ class _Segment:
             clock = min(clock, HW_THERMAL_CLOCK * m.max_sm_clock_mhz)
         if self.pc:
             clock = min(clock, POWER_CAP_CLOCK * m.max_sm_clock_mhz)
+        if state.sm_clock is not None:  # held down with no event reason
+            clock = min(clock, state.sm_clock * m.max_sm_clock_mhz)
         self.clock = float(
             m.idle_sm_clock_mhz if self.kind == _KIND_IDLE
             else CLOCK_STEP_MHZ * round(clock / CLOCK_STEP_MHZ)
@@ -228,7 +231,7 @@ class _Segment:
 
 # The timeline keys that override a GPU's state over a window (the rest are events).
 _STATE_KEYS = ("activity", "precision", "level", "period", "duty", "wait", "memory", "kernels",
-               "thermal", "power_cap")
+               "thermal", "power_cap", "sm_clock")
 
 
 def _overlay(base: Workload, active: Sequence[TimelineEntry]) -> _State:
@@ -236,7 +239,7 @@ def _overlay(base: Workload, active: Sequence[TimelineEntry]) -> _State:
     s = {
         "activity": base.activity, "precision": base.precision, "level": base.level,
         "period": base.period, "duty": base.duty, "wait": base.wait, "memory": base.memory,
-        "kernels": base.kernels, "thermal": "none", "power_cap": False,
+        "kernels": base.kernels, "thermal": "none", "power_cap": False, "sm_clock": None,
     }
     for e in active:
         for key in _STATE_KEYS:

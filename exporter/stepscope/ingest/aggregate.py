@@ -23,7 +23,7 @@ Who may write what (docs/ingest.md#threat-model): a job belongs to the uid of it
 rank's sender and a rank to the process that sent its first datagram (its kernel pid,
 when the kernel can name it in our PID namespace), until they expire; another sender
 is rejected (``not_owner``). A rank's identity labels (local_rank, pid, world_size,
-uuid, precision) are fixed by its first datagram (``identity_changed``), so no sender
+uuid, precision, group) are fixed by its first datagram (``identity_changed``), so no sender
 can churn series. The NCCL transport is not identity (a rank learns it after its first
 steps): the latest reported value is kept, one of a closed set of four, so one series.
 A uid holds at most half of ``max_jobs`` while other uids report (``cap_uid``), and
@@ -264,6 +264,7 @@ class _RankState:
     pid: int | None = None
     world_size: int | None = None
     precision: str = DEFAULT_PRECISION
+    group: str | None = None
     owner_uid: int | None = None
     owner_pid: int = 0  # the sender's kernel pid; 0: not known (another PID namespace)
     # the owner process as first seen (start time, uid): a process on the reused pid
@@ -315,6 +316,7 @@ class _RankState:
             and rec.world_size == self.world_size
             and rec.uuid == self.uuid
             and rec.precision == self.precision
+            and rec.group == self.group
         )
 
     def observe(self, rec: StepRecord, now: float, window: float) -> None:
@@ -489,13 +491,14 @@ def _new_rank(
         pid=rec.pid,
         world_size=rec.world_size,
         precision=rec.precision,
+        group=rec.group,
         owner_uid=uid,
         owner_pid=kpid,
         owner_stamp=stamp,
         # the process to read in /proc: the one the kernel named (in a namespace below
         # ours it reports another pid), or over UDP (no credentials) the one it reports
         ident=RankIdentity(rec.job, rec.rank, rec.local_rank, rec.uuid, rec.pid,
-                           kpid or (rec.pid if uid is None else None)),
+                           kpid or (rec.pid if uid is None else None), rec.group),
         job_state=job_state,
         created=now,
     )

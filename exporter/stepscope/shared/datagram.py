@@ -41,6 +41,9 @@ key                type      meaning
                             evaluation, ...) that ended since the previous
                             step: ``{"checkpoint": 1.02}``; keys outside
                             :data:`SPANS` count as ``other``; part of ``other``
+``group``         str       the rank's group of peers in its job (a pipeline
+                            stage, a role): label-safe, at most
+                            :data:`MAX_GROUP_LENGTH`; ranks compare within it
 =================  ========  ==================================================
 
 A ``"type": "tail"`` datagram carries the named spans a rank ran after its last step (a
@@ -93,6 +96,9 @@ PHASES = ("data_wait", "compute", "comm", "other")
 # since the exporter serves them as a label value; any other name counts as "other".
 SPANS = ("checkpoint", "evaluation", "logging", "other")
 MAX_SPAN_KEYS = 16  # keys in one datagram's "spans" object (a bound on parsing work)
+# A rank's group (StepReporter(group=...)): a label value on its series, fixed for the
+# rank like its other identity labels; short, since it sits on every series of the rank.
+MAX_GROUP_LENGTH = 64
 
 
 class Phases(NamedTuple):
@@ -241,11 +247,11 @@ REJECT_REASONS: tuple[str, ...] = (
     "missing_field",  # a required field is absent
     "wrong_type",  # a field has the wrong JSON type
     "out_of_range",  # a number is NaN/inf, negative, too large, or phases exceed dur
-    "bad_label",  # a label value (job, uuid, precision, nccl_transport) is not accepted
+    "bad_label",  # a label value (job, uuid, precision, nccl_transport, group) is refused
     "not_allowed",  # the sender's uid and gid are not in ingest_allow_uids/_gids
     "bad_pid",  # the pid the datagram reports is not the sender's, per the kernel
     "not_owner",  # the job or rank belongs to another uid, or the rank to another process
-    "identity_changed",  # local_rank, pid, world_size, uuid or precision differ from the first
+    "identity_changed",  # local_rank, pid, world_size, uuid, precision or group differ
     "cap_jobs",  # a new job beyond max_jobs on this node
     "cap_uid",  # a new job of a uid holding its share of max_jobs while other uids report
     "cap_ranks",  # a new rank beyond max_ranks_per_job for its job
@@ -305,6 +311,8 @@ class StepRecord(NamedTuple):
     # a "tail" datagram: not a step, the named spans after the rank's last step (all of
     # ``dur`` is ``other``)
     tail: bool = False
+    # the rank's group of peers (a pipeline stage, a role); None: not reported
+    group: str | None = None
 
 
 class Rejection(NamedTuple):
@@ -418,6 +426,7 @@ def _step(obj: dict[str, Any], limits: Limits, tail: bool = False) -> StepRecord
             raise _Reject(
                 "bad_label", "nccl_transport is not one of " + ", ".join(NCCL_TRANSPORTS)
             )
+    group = _label(obj, "group", MAX_GROUP_LENGTH)
     other = max(0.0, dur - phases)
     raw_spans = obj.get("spans")
     spans = None if raw_spans is None and "spans" not in obj else _spans(raw_spans, other)
@@ -443,6 +452,7 @@ def _step(obj: dict[str, Any], limits: Limits, tail: bool = False) -> StepRecord
         transport,
         spans,
         tail,
+        group,
     )
 
 
@@ -531,6 +541,7 @@ class StepEncoder:
         precision: str,
         uuid: str | None = None,
         nccl_transport: str | None = None,
+        group: str | None = None,
     ) -> None:
         head: dict[str, object] = {
             "v": SCHEMA_VERSION,
@@ -546,6 +557,8 @@ class StepEncoder:
             head["uuid"] = uuid
         if nccl_transport is not None:
             head["nccl_transport"] = nccl_transport
+        if group is not None:  # once in the rank's constant prefix: nothing per step
+            head["group"] = group
         self.prefix = json.dumps(head, separators=(",", ":"))[:-1] + ","
         self.tail_prefix = self.prefix.replace('"type":"step"', '"type":"tail"', 1)
 
@@ -593,8 +606,8 @@ REFUSAL_HINTS: dict[str, str] = {
         "another user's); a restarted rank takes over once the old process has exited"
     ),
     "identity_changed": (
-        "local_rank, pid, world_size, GPU or precision differ from this rank's first "
-        "step; keep them fixed for a run, or use a new job name"
+        "local_rank, pid, world_size, GPU, precision or group differ from this rank's "
+        "first step; keep them fixed for a run, or use a new job name"
     ),
     "cap_jobs": "the node already tracks its maximum number of jobs (max_jobs)",
     "cap_uid": "this user holds its share of the node's job slots while others report",

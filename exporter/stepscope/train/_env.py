@@ -14,7 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from stepscope.shared.datagram import INGEST_ENV, IngestURLError, parse_ingest_url
+from stepscope.shared.datagram import (
+    INGEST_ENV,
+    LABEL_VALUE_RE,
+    MAX_GROUP_LENGTH,
+    IngestURLError,
+    parse_ingest_url,
+)
 
 # IngestAddress re-exported: the sender takes it from here
 from stepscope.shared.datagram import IngestAddress as IngestAddress
@@ -112,6 +118,50 @@ def cuda_device_uuid(torch: Any, device: int) -> str | None:
     if raw.startswith(("GPU-", "MIG-")):
         return raw
     return "GPU-" + raw
+
+
+GROUP_ENV = "STEPSCOPE_GROUP"
+
+
+def valid_group(value: object) -> bool:
+    """Whether ``value`` can name a rank's group: a label-safe string of at most
+    :data:`~stepscope.shared.datagram.MAX_GROUP_LENGTH` characters."""
+    return (
+        isinstance(value, str)
+        and len(value) <= MAX_GROUP_LENGTH
+        and LABEL_VALUE_RE.fullmatch(value) is not None
+    )
+
+
+def megatron_stage() -> str | None:
+    """``stage<k>``: this rank's pipeline stage where Megatron-LM (or Megatron-Core) is
+    imported, its model parallelism initialized and the pipeline has more than one
+    stage; else None. Never imports, never raises."""
+    state = sys.modules.get("megatron.core.parallel_state")
+    if state is None:
+        return None
+    try:
+        if not state.model_parallel_is_initialized():
+            return None
+        if int(state.get_pipeline_model_parallel_world_size()) < 2:
+            return None
+        return f"stage{int(state.get_pipeline_model_parallel_rank())}"
+    except Exception as err:  # another version's API: no group rather than an error
+        log.debug("stepscope: no pipeline stage from Megatron: %s", err)
+        return None
+
+
+def group_from_env(env: Mapping[str, str]) -> str | None:
+    """The rank's group when the reporter is given none: ``$STEPSCOPE_GROUP`` (a bad
+    value is logged and ignored), else Megatron's pipeline stage (:func:`megatron_stage`),
+    else None: the whole job is one group."""
+    raw = env.get(GROUP_ENV)
+    if raw is not None and raw.strip():
+        if valid_group(raw.strip()):
+            return raw.strip()
+        log.warning("stepscope: ignoring %s=%r (1-%d characters of letters, digits and "
+                    "_.:/@+=-)", GROUP_ENV, raw, MAX_GROUP_LENGTH)  # fmt: skip
+    return megatron_stage()
 
 
 def loaded_torch() -> Any:

@@ -49,9 +49,11 @@ from stepscope.shared.datagram import (
 from stepscope.train import _nccl, ddp
 from stepscope.train._env import (
     cuda_device_uuid,
+    group_from_env,
     ingest_from,
     loaded_torch,
     placement_from_env,
+    valid_group,
 )
 from stepscope.train._sender import DatagramSender
 from stepscope.train._timeline import CudaTimeline, Pairs, comm_seconds, step_record
@@ -90,18 +92,19 @@ class _Encoders:
     reference to the reporter, so the sender thread never keeps it alive."""
 
     def __init__(self, job: str, rank: int, local_rank: int, world_size: int,
-                 precision: str, uuid: str | None) -> None:  # fmt: skip
+                 precision: str, uuid: str | None, group: str | None = None) -> None:  # fmt: skip
         self._args = (job, rank, local_rank, world_size, precision)
         self._lock = threading.Lock()
         self.uuid = uuid
         self.transport: str | None = None
-        self.current = StepEncoder(*self._args, uuid)
+        self.group = group
+        self.current = StepEncoder(*self._args, uuid, group=group)
 
     def update(self, **facts: str | None) -> None:
         with self._lock:
             for name, value in facts.items():
                 setattr(self, name, value)
-            self.current = StepEncoder(*self._args, self.uuid, self.transport)
+            self.current = StepEncoder(*self._args, self.uuid, self.transport, self.group)
 
     def encode(self, record: PendingStep | PendingTail, dropped: int) -> bytes:
         if len(record) == 4:  # PendingTail
@@ -215,7 +218,12 @@ class StepReporter:
     step (a resumed run). ``retry_interval``: seconds between attempts to reach an
     absent exporter. ``nccl_transport``: report which network NCCL chose for this rank,
     read from NCCL's debug output (default ``$STEPSCOPE_NCCL_TRANSPORT``; construct the
-    reporter before the process group's first collective; docs/sdk.md).
+    reporter before the process group's first collective; docs/sdk.md). ``group``:
+    the rank's group of peers in its job, ranks that do the same work (a pipeline stage
+    such as ``"stage0"``, a role), label-safe, at most 64 characters: the fleet's
+    straggler alert compares a rank with its group, so ranks that differ by design never
+    page; default ``$STEPSCOPE_GROUP``, else Megatron's pipeline stage where it is
+    initialized, else none (the job is one group).
 
     Bad arguments raise ``TypeError``/``ValueError`` here; once constructed, nothing
     the reporter does raises into the training loop.
@@ -239,6 +247,7 @@ class StepReporter:
         retry_interval: float = 1.0,
         gpu_uuid: str | None = None,
         nccl_transport: bool | None = None,
+        group: str | None = None,
     ) -> None:
         if not isinstance(job, str):
             raise TypeError(f"job must be a str, got {type(job).__name__}")
@@ -278,6 +287,12 @@ class StepReporter:
         if self.rank >= schema.MAX_RANK or self.local_rank >= schema.MAX_LOCAL_RANK:
             raise ValueError(f"rank {self.rank} / local_rank {self.local_rank} out of range")
 
+        if group is not None and not valid_group(group):
+            raise ValueError(
+                f"group {group!r} is not label-safe: 1-{schema.MAX_GROUP_LENGTH} characters "
+                "of letters, digits and _.:/@+=-"
+            )
+        self.group = group if group is not None else group_from_env(os.environ)
         self.job = job
         self.precision = precision
         self.sync = sync
@@ -291,7 +306,7 @@ class StepReporter:
         self.ingest = ingest_from(ingest, os.environ, schema.DEFAULT_INGEST)
         # The sender thread uses these, never the reporter (so it can be collected).
         self._encoders = _Encoders(
-            job, self.rank, self.local_rank, self.world_size, precision, self.uuid
+            job, self.rank, self.local_rank, self.world_size, precision, self.uuid, self.group
         )
         self._sender = DatagramSender(self.ingest, self._encoders.encode, float(retry_interval))
         self._poll = _Poll(self._encoders)

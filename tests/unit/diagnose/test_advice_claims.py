@@ -166,7 +166,11 @@ def _special() -> Iterator[tuple[str, Thresholds, Callable[[], tuple[Verdict, ..
         node.step(0, 20.5, other=20.0, gpu=0)
         return node.run(2, lambda: node.step(0, 0.5, gpu=0)).verdicts
 
-    for run in (peers, silent, ended, broken, one_gap):
+    def slow_clock() -> tuple[Verdict, ...]:
+        # a loaded GPU clocked under its peers with no clock event (fail-slow)
+        return Node({"gpus": 4, "timeline": [{"gpus": [3], "sm_clock": 0.9}]}).run(20).verdicts
+
+    for run in (peers, silent, ended, broken, one_gap, slow_clock):
         yield run.__name__, TH, run
 
 

@@ -95,7 +95,7 @@ def test_fleet_view_names_the_slow_rank_its_cause_the_waiting_ranks_and_the_rest
     found = {(f["kind"], f.get("Hostname"), f.get("gpu"), f.get("rank"), f.get("job"))
              for f in report["findings"]}  # fmt: skip
     # judged by the alerts' thresholds (fleet_rules.FLEET): node straggler under 0.6 of the
-    # median node, throttled above 10% (node-b's 10% is not), score above 1.25
+    # median node, throttled above 10% (node-b's 10% is not), score above 1.06
     assert found == {
         ("straggler", "node-d", None, None, "j"),
         ("thermal_throttle", "node-c", "0", None, None),
@@ -110,7 +110,7 @@ def test_fleet_view_names_the_slow_rank_its_cause_the_waiting_ranks_and_the_rest
     (slow,) = job["slow_ranks"]
     assert slow["cause"] == "compute+thermal_throttle" and "temperature" in slow["advice"]
     assert slow["ratio"] == pytest.approx(0.46 / 0.315)  # the recorded score
-    assert "vs the job's median 0.315 s: 1.46x (threshold 1.25x)" in slow["detail"]
+    assert "vs the job's median 0.315 s: 1.46x (threshold 1.06x)" in slow["detail"]
     assert (job["waiting_ranks"], job["waiting_nodes"]) == (2, 2)
     report["status"] = "bottleneck"
     text = render_fleet(report, "http://prom")
@@ -122,9 +122,38 @@ def test_fleet_view_names_the_slow_rank_its_cause_the_waiting_ranks_and_the_rest
         "gpus": gpus,
         "node_straggler": [_series({"cluster": "c", "Hostname": "node-d"}, 0.6)],
         "thermal": [_series({"cluster": "c", "Hostname": "node-c", "gpu": "0"}, 0.1)],
-        "busy": [_series(labels(0, "node-a"), 0.3), _series(labels(1, "node-b"), 0.375)],
-        "score": [_series(labels(0, "node-a"), 1.0), _series(labels(1, "node-b"), 1.25)],
+        "busy": [_series(labels(0, "node-a"), 0.3), _series(labels(1, "node-b"), 0.318)],
+        "score": [_series(labels(0, "node-a"), 1.0), _series(labels(1, "node-b"), 1.06)],
+        "fail_slow": [_series(labels(0, "node-a"), 1.0), _series(labels(1, "node-b"), 1.06)],
+        "over_past": [_series(labels(0, "node-a"), 1.0), _series(labels(1, "node-b"), 1.2)],
     })["findings"] == []  # fmt: skip
+
+
+def test_fleet_view_judges_a_rank_against_its_group_or_its_own_past_as_the_alert_does() -> None:
+    # a pipeline job: stage0 ranks busier by design (their own group's median: 1.0), rank 3
+    # of stage1 10% over its group; rank 4 (stage2, alone) 9% over its own past while its
+    # job's ranks did not change; rank 5 slowed 9% with its whole job (its score 1.0)
+    def labels(r: int, group: str) -> dict[str, str]:
+        return {"cluster": "c", "training_job": "pp", "rank": str(r), "Hostname": f"n{r}",
+                "gpu": "0", "group": group}
+
+    rows = [(0, "stage0", 0.65, 1.0, 1.0, 1.0), (1, "stage0", 0.65, 1.0, 1.0, 1.0),
+            (2, "stage1", 0.5, 1.0, 1.0, 1.0), (3, "stage1", 0.55, 1.1, 1.0, 1.0),
+            (4, "stage2", 0.545, 1.0, 1.09, 1.09), (5, "stage3", 0.5, 1.0, 1.0, 1.09)]
+    report = analyse_fleet({
+        "busy": [_series(labels(r, g), b) for r, g, b, *_ in rows],
+        "score": [_series(labels(r, g), s) for r, g, _, s, _, _ in rows],
+        "fail_slow": [_series(labels(r, g), f) for r, g, _, _, f, _ in rows],
+        "over_past": [_series(labels(r, g), o) for r, g, *_, o in rows],
+    })  # fmt: skip
+    (job,) = report["jobs"]
+    slow = {f["rank"]: f for f in job["slow_ranks"]}
+    assert set(slow) == {"3", "4"}
+    assert slow["3"]["compared_with"] == "group" and slow["3"]["ratio"] == pytest.approx(1.1)
+    assert "vs group stage1's median 0.500 s: 1.10x (threshold 1.06x)" in slow["3"]["detail"]
+    assert slow["4"]["compared_with"] == "past"
+    assert "1.09x its own of before while its job's ranks did not slow as much: 1.09x" in \
+        slow["4"]["detail"]
 
 
 @pytest.mark.parametrize(("argv", "message"), [

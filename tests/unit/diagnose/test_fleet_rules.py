@@ -54,7 +54,7 @@ def test_descriptions_say_the_numbers_the_expressions_use() -> None:
                     dataclasses.replace(FLEET, rank_straggler_ratio=1.4, thermal_for="90s",
                                         throttle_share=0.15))  # fmt: skip
     assert "training_job_rank:stepscope_straggler_score:ratio > 1.4" in alerts
-    assert "(threshold 1.4x) for 30 seconds" in alerts
+    assert "(threshold 1.4x) for 2 minutes" in alerts
     assert "ratio_rate2m > 0.15\n        for: 90s" in alerts
     assert "(threshold 15%) for 90 seconds" in alerts
 
