@@ -7,7 +7,6 @@ Go's ``yaml.UnmarshalStrict`` (exporter-toolkit) makes it, never a silent last-o
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import yaml
@@ -21,12 +20,18 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode) -> dict[Any
     seen: set[Any] = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node)
-        with contextlib.suppress(TypeError):  # unhashable: the constructor reports it
-            if key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r}", key_node.start_mark
-                )
-            seen.add(key)
+        try:
+            duplicate = key in seen
+        except TypeError:  # a list or a mapping as a key ("? - a"): dict() would raise
+            raise yaml.constructor.ConstructorError(
+                None, None, "a mapping key must be a plain value, not a list or mapping",
+                key_node.start_mark,
+            ) from None  # fmt: skip
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
     loader.flatten_mapping(node)
     return dict(loader.construct_pairs(node))
 
@@ -35,8 +40,13 @@ StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _co
 
 
 def strict_load(text: str) -> Any:
-    """``yaml.safe_load`` that raises ``yaml.YAMLError`` on a duplicate key."""
-    return yaml.load(text, Loader=StrictLoader)
+    """``yaml.safe_load`` that raises ``yaml.YAMLError`` on a duplicate key, and on
+    nesting deeper than Python's recursion limit (PyYAML's parser recurses: a file of
+    a few thousand ``[`` raised ``RecursionError``, a traceback past every handler)."""
+    try:
+        return yaml.load(text, Loader=StrictLoader)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply (thousands of levels)") from None
 
 
 def mapping_text(value: Any) -> Any:
