@@ -122,7 +122,7 @@ def run(pythonpath: str, count: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--count", type=int, default=150_000)
     parser.add_argument("--pythonpath", action="append", default=[],
                         help="another tree's exporter package directory, measured too")  # fmt: skip
