@@ -62,19 +62,24 @@ def wait_for_exporter(port: int, proc: subprocess.Popen[bytes], log: Path,
             time.sleep(0.2)
 
 
-def start_detached_exporter(args: list[str], log: Path, env: dict[str, str]) -> int:
-    """Start ``python -m stepscope serve ARGS`` detached from this process; its pid.
+def start_detached(argv: list[str], log: Path, env: dict[str, str]) -> int:
+    """Start ``argv`` detached from this process (its output to ``log``); its pid.
 
-    A training script must not be the exporter's parent: stepscope counts a rank's child
-    processes as its DataLoader workers (an idle child read as a blocked loader on the
-    H200). ``sh`` starts it in the background and exits, so it is re-parented.
+    A training script must not be the parent of a process that is not its own worker:
+    stepscope counts a rank's child processes as its DataLoader workers (an idle child
+    read as a blocked loader on the H200). ``sh`` starts it in the background and exits,
+    so it is re-parented.
     """
     launcher = subprocess.run(
-        ["sh", "-c", 'exec "$@" >"$LOG" 2>&1 </dev/null & echo $!', "sh", sys.executable,
-         "-m", "stepscope", "serve", *args],
+        ["sh", "-c", 'exec "$@" >"$LOG" 2>&1 </dev/null & echo $!', "sh", *argv],
         env={**env, "LOG": str(log)}, capture_output=True, text=True, check=True,
     )  # fmt: skip
     return int(launcher.stdout.strip())
+
+
+def start_detached_exporter(args: list[str], log: Path, env: dict[str, str]) -> int:
+    """Start ``python -m stepscope serve ARGS`` detached from this process; its pid."""
+    return start_detached([sys.executable, "-m", "stepscope", "serve", *args], log, env)
 
 
 def pid_alive(pid: int) -> bool:

@@ -17,6 +17,14 @@ child). After the diagnosis window has filled, the rank's verdict is read from
   ``reporter.phase("checkpoint")``: expected ``between_steps`` + ``checkpoint``.
 - ``checkpoint_unnamed``: the same save without ``phase()``: ``between_steps``, no
   modifier (it read ``unknown`` before issue 26).
+- ``evaluation_unnamed``: the ``checkpoint`` classes' steps and every ``--every`` steps
+  an evaluation pass outside any step, not named: ``--eval-batches`` forward passes of
+  the same matmuls without gradients, ending in ``.item()`` (a metric, as evaluation
+  code reads one), about 40% of the wall time while the step bodies are the rest
+  (issue 34: it read ``compute``, "the GPU is the limit"). Expected ``between_steps`` +
+  ``unnamed_gpu_work``: the GPU works between steps.
+- ``evaluation_named``: the same pass inside ``reporter.phase("evaluation")``:
+  ``between_steps`` + ``evaluation``.
 - ``pageable_copy``: each step copies a ``--batch-mb`` MB batch from pageable host
   memory (``.to("cuda")``, blocking) and runs one bf16 matmul: PCIe receive busy, SMs
   idle; expected ``transfer_bound`` (it read ``host_bound``, advice CUDA graphs).
@@ -64,15 +72,22 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "compute": ("compute", None),
     "checkpoint_named": ("between_steps", "checkpoint"),
     "checkpoint_unnamed": ("between_steps", None),
+    "evaluation_unnamed": ("between_steps", "unnamed_gpu_work"),
+    "evaluation_named": ("between_steps", "evaluation"),
     "pageable_copy": ("transfer_bound", None),
     "resident": ("compute", None),
     "final_save": ("compute", None),
 }
 # --cpu: what the simulated GPU shows for each class (docs/scenarios.md)
+# (a save idles the GPU: kernels run in the step bodies only, ~10% of the time; an
+# evaluation pass keeps it busy between steps too)
+SAVING_GPU = {"activity": "sawtooth", "period": 0.05, "duty": 0.1}
 CPU_SCENARIOS: dict[str, dict[str, Any]] = {
     "compute": {},
-    "checkpoint_named": {},
-    "checkpoint_unnamed": {},
+    "checkpoint_named": SAVING_GPU,
+    "checkpoint_unnamed": SAVING_GPU,
+    "evaluation_unnamed": {},
+    "evaluation_named": {},
     "pageable_copy": {"activity": "sawtooth", "period": 0.01, "duty": 0.1, "level": 0.9,
                       "wait": "copy"},
     "resident": {},
@@ -80,7 +95,8 @@ CPU_SCENARIOS: dict[str, dict[str, Any]] = {
 }
 WINDOW = 10.0  # diagnosis window (s): holds several checkpoints at the default --every
 SIGNALS = ("sm_active", "gpu_util", "pcie_rx_bytes_per_second", "main_cpu_cores",
-           "compute_share", "between_steps_share", "step_seconds")  # fmt: skip
+           "compute_share", "between_steps_share", "between_steps_gpu_busy",
+           "step_seconds")  # fmt: skip
 
 
 Step = Callable[[int], None]
@@ -129,6 +145,21 @@ def _loop(name: str, device: str, a: argparse.Namespace, tmp: Path,
                     os.fsync(f.fileno())
 
         return matmuls2, save_every
+    if name.startswith("evaluation"):
+        named_eval = name == "evaluation_named"
+
+        def matmuls3(i: int) -> None:
+            for _ in range(2):
+                w @ w
+
+        def evaluate_every(i: int) -> None:
+            if i % a.every == a.every - 1:
+                span = phase("evaluation") if named_eval else contextlib.nullcontext()
+                with span, torch.no_grad():
+                    for _ in range(a.eval_batches):
+                        (w @ w)[0, 0].item()  # a metric read on the host ends each batch
+
+        return matmuls3, evaluate_every
     rows = a.batch_mb * (1 << 20) // 4 // n
     host = torch.randn(rows, n)  # pageable host memory
     resident = host.to(device)
@@ -185,9 +216,11 @@ def run_class(name: str, device: str, a: argparse.Namespace, tmp: Path,
     kind, modifier = EXPECTED[name]
 
     def right(v: dict[str, Any]) -> bool:
-        # an unnamed save must read between_steps with no modifier
+        # an unnamed save must read between_steps with no modifier (the GPU idles while it
+        # saves: no unnamed_gpu_work); an unnamed evaluation with that modifier alone
         return (v["kind"] == kind and (modifier is None or modifier in v["modifiers"])
-                and (modifier is not None or kind != "between_steps" or not v["modifiers"]))
+                and (kind != "between_steps" or v["modifiers"] == ([modifier] if modifier
+                                                                   else [])))
 
     return {**tally(name, EXPECTED[name], polls.polls, steps, elapsed, SIGNALS, right),
             "goodput": books, "final_save_seconds": saved}
@@ -309,6 +342,9 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=5, help="steps between checkpoints")
     ap.add_argument("--checkpoint-mb", type=int, default=None,
                     help="MB saved per checkpoint (default 1024 on a GPU, 128 on the CPU)")
+    ap.add_argument("--eval-batches", type=int, default=7,
+                    help="forward passes per evaluation (2 matmuls a step: 7 every 5 "
+                    "steps is ~40%% of the wall time)")  # fmt: skip
     ap.add_argument("--batch-mb", type=int, default=None,
                     help="MB copied per step, pageable_copy (default 512 on a GPU, 32 CPU)")
     ap.add_argument("--budget", type=float, default=290.0,

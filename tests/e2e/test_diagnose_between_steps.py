@@ -62,9 +62,15 @@ def _verdict(exp: Exporter, job: str) -> dict[str, Any] | None:
 def _settled(exp: Exporter, sock: str, job: str, named: bool) -> tuple[dict[str, Any], str]:
     """Run the loop until its verdict covers a full window (4 saves); the verdict and
     the exporter's /metrics then."""
+    return _settle(exp, sock, job, ["-c", LOOP, job, "named" if named else "plain"])
+
+
+def _settle(exp: Exporter, sock: str, job: str, argv: list[str]) -> tuple[dict[str, Any], str]:
+    """Run ``python ARGV`` until the job's verdict reads between_steps three times in a
+    row over at least 25 steps; the verdict and the exporter's /metrics then."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", LOOP, job, "named" if named else "plain"],
-        cwd=REPO, env={**os.environ, "STEPSCOPE_INGEST": sock},
+        [sys.executable, *argv],
+        cwd=REPO, env={**os.environ, "STEPSCOPE_INGEST": sock, "PYTHONWARNINGS": "ignore"},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
@@ -111,3 +117,22 @@ def test_an_unnamed_blocking_save_reads_between_steps_not_unknown(
     assert 'training_job="ckpt-plain"' not in "".join(
         x for x in metrics.splitlines() if x.startswith("stepscope_job_span_seconds_total")
     )
+
+
+def test_unnamed_evaluation_between_steps_reads_between_steps_not_compute(
+    exporter: tuple[Exporter, str],
+) -> None:
+    """Issue 34: a real torch loop that evaluates every 4 steps without naming it. Its
+    step bodies take more of the wall time than the evaluation (~57% to ~43%), which read
+    `compute` ("the GPU is the limit"); the time between steps is the largest loss."""
+    exp, sock = exporter
+    pytest.importorskip("torch")
+    argv = ["-m", "tests.support.workloads", "evaluate", "--job", "eval-plain",
+            "--seconds", "60"]  # fmt: skip
+    v, _ = _settle(exp, sock, "eval-plain", argv)
+    s = v["signals"]
+    assert v["modifiers"] == [] and "GPU is the limit" not in v["advice"], v
+    assert s["between_steps_share"] >= 0.3 and s["between_steps_intervals"] >= 2, s
+    # the body is the larger share: the policy, not the old "most of the step", decides
+    assert s["compute_share"] > s["between_steps_share"], s
+    assert any("in no named span" in e for e in v["evidence"]), v["evidence"]

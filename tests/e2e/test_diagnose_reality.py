@@ -162,6 +162,28 @@ def test_heavy_augmentation_with_workers_on_every_cpu_is_input_cpu(
         _stop(procs)
 
 
+def test_a_loader_on_cpus_held_by_unrelated_processes_is_host_contended(
+    exporter: tuple[Exporter, str],
+) -> None:
+    """Issue 34: a loader-bound rank on a host that other processes keep busy read
+    `input_cpu` ("the DataLoader workers have the CPUs pegged"): they did not, others did.
+    Two CPU-bound processes per CPU, none of them the rank's, beside a one-worker loader."""
+    exp, sock = exporter
+    burn = [sys.executable, "-c", "while True: pass"]
+    noisy = [subprocess.Popen(burn, start_new_session=True) for _ in range(2 * CPUS)]
+    procs = [_start(["loader", "--job", "noisy", "--aug", "heavy", "--workers", "1",
+                     "--seconds", "60"], sock)]  # fmt: skip
+    try:
+        scenario = f"heavy augmentation, 1 worker, {2 * CPUS} unrelated CPU-bound processes"
+        v = settle(exp, "noisy", 0, "host_contended", procs, scenario)
+        s = v["signals"]
+        assert s["outside_cpu_share"] > s["job_cpu_share"] and s["cpu_busy"] >= 0.85, s
+        assert "isolate" in v["advice"] and "cgroup" in v["advice"]
+        assert any(e.startswith("processes outside the job keep") for e in v["evidence"])
+    finally:
+        _stop(procs + noisy)
+
+
 def test_a_loader_reading_a_throttled_store_is_input_io(
     exporter: tuple[Exporter, str], tmp_path: Path
 ) -> None:

@@ -7,6 +7,10 @@ with ``STEPSCOPE_INGEST`` pointing at the exporter. Modes:
   docs/field-guide.md: ``--aug light`` (normalize only) or ``heavy`` (resize, blur, rotation,
   colour jitter, all on the CPU), ``--workers N``; ``--store-mbps X`` reads every
   sample from a file through a reader throttled to X MB/s (a slow store).
+- ``evaluate``: a small MLP's training steps and, every ``--every`` steps, an evaluation
+  pass that no ``phase()`` names (``--eval-batches`` forward passes without gradients,
+  each read back with ``float()`` as a metric is): CPU-busy work between steps, ~40% of
+  the wall time while the step bodies take the rest.
 - ``ddp``: two gloo ranks (RANK/WORLD_SIZE/MASTER_* from the environment) training a
   DDP model with ``watch_ddp``; ``--slow-rank R --delay S`` makes rank R compute S
   seconds longer per step; ``--big-grad N`` adds a parameter of N floats whose
@@ -25,7 +29,7 @@ from typing import Any
 
 def _args() -> argparse.Namespace:
     p = argparse.ArgumentParser(allow_abbrev=False)
-    p.add_argument("mode", choices=("loader", "ddp"))
+    p.add_argument("mode", choices=("loader", "ddp", "evaluate"))
     p.add_argument("--job", default="workload")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--aug", choices=("light", "heavy"), default="light")
@@ -36,6 +40,8 @@ def _args() -> argparse.Namespace:
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--big-grad", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--every", type=int, default=4)
+    p.add_argument("--eval-batches", type=int, default=12)
     return p.parse_args()
 
 
@@ -128,6 +134,34 @@ def loader(a: argparse.Namespace) -> None:
     rep.close()
 
 
+def evaluate(a: argparse.Namespace) -> None:
+    import torch
+
+    from stepscope.train import StepReporter
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 256))  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(64, 256), torch.randn(64, 256)
+    rep = StepReporter(a.job, warmup_steps=2, cuda=False)
+    end = time.monotonic() + a.seconds
+    step = 0
+    while time.monotonic() < end:
+        with rep.step(tokens=64):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        step += 1
+        if step % a.every == 0:  # evaluation, not named: the loop's own work
+            with torch.no_grad():
+                for _ in range(a.eval_batches):
+                    float(model(x).sum())
+    rep.close()
+
+
 def ddp(a: argparse.Namespace) -> None:
     import torch
     import torch.distributed as dist
@@ -172,5 +206,5 @@ def ddp(a: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     args = _args()
-    (loader if args.mode == "loader" else ddp)(args)
+    {"loader": loader, "ddp": ddp, "evaluate": evaluate}[args.mode](args)
     sys.exit(0)
