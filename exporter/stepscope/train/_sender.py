@@ -1,12 +1,18 @@
 """Fire-and-forget datagrams to the node's ingest, sent off the training thread.
 
-The training thread only appends the step's numbers to an in-memory queue (a
-``deque`` append, well under a microsecond). A daemon thread wakes every
-``flush_interval`` seconds, encodes, and sends what is queued through a non-blocking,
-connected datagram socket. Why not send inline: a datagram to a sleeping receiver
-makes the kernel wake that process, and on a VM that wake-up alone measured ~20 us
-per send (benchmarks/bench_sdk.py), twice the per-step budget; polling from a
-thread costs the training thread nothing per step and never wakes anyone from it.
+The training thread only puts the step's raw numbers in a ring (:mod:`._steps`). A
+daemon thread wakes on its own timer, every ``flush_interval`` seconds (the training
+thread never wakes it), and works in slices: it takes a slice of entries from its
+``poll`` (the reporter's bookkeeping, the CUDA timeline), encodes them and sends them
+through a non-blocking, connected datagram socket, several in one ``sendmmsg`` call
+where Linux has it (:mod:`._mmsg`: the GIL is held through the call, so a slice is one
+hand-over of the GIL, not one per datagram), then lets the training thread run before
+the next slice. Before a slice it checks that the training thread is not inside
+``step()`` (``busy``); if it is, it gives the GIL back at once, a few times at most, so
+the slice lands between steps. Why not send inline: a datagram to a sleeping receiver
+makes the kernel wake that process, and on a VM that wake-up alone measured ~20 us per
+send (benchmarks/bench_sdk.py), twice the per-step budget; polling from a thread costs
+the training thread nothing per step and never wakes anyone from it.
 
 Whatever goes wrong (no exporter, a full receive queue, an exporter restarted under
 us), datagrams are dropped and counted; nothing raises and nothing blocks. A full
@@ -16,9 +22,8 @@ between drains); the queue itself is bounded, and what does not fit is dropped a
 counted. When the exporter is absent the socket is retried at most once per
 ``retry_interval`` seconds, so a late-starting exporter is picked up.
 
-The thread also runs the reporter's ``poll`` each tick (before sending): reading CUDA
-events that have completed into step records, and the rank's NCCL debug file, so
-neither costs the training thread anything.
+The reporter's ``poll`` also reads the CUDA events that have completed into step
+records and the rank's NCCL debug file, so neither costs the training thread anything.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 from stepscope.shared.datagram import MAX_REFUSAL_BYTES, Refusal, parse_refusal
@@ -47,6 +53,15 @@ _BUSY_RETRY = 0.001  # seconds
 # only one that stays full this long is worth a line in the training log.
 FULL_WARN_SECONDS = 1.0
 _MAX_QUEUED = 1024  # steps; at one step per 10 ms that is 10 s without an exporter drain
+# Slices per wake-up at most (each of the poll's slice size): the rest waits for the next.
+_MAX_SLICES = 64
+# Times a slice waits for the training thread to leave step() (each a GIL hand-over).
+_BUSY_YIELDS = 3
+_NO_BATCH: Any = object()  # batch sending not tried yet
+_BATCH = 64  # datagrams per sendmmsg call
+
+# poll(final) -> (items to send, None for each one lost; whether more are waiting)
+Poll = Callable[[bool], tuple[list[Any], bool]]
 
 _live: weakref.WeakSet[DatagramSender] = weakref.WeakSet()
 
@@ -54,7 +69,7 @@ _live: weakref.WeakSet[DatagramSender] = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     # The sending thread does not survive fork(); a child that reports starts its own.
     for sender in list(_live):
-        sender._thread = None
+        sender.thread = None
         sender._lock = threading.Lock()
 
 
@@ -63,12 +78,13 @@ if hasattr(os, "register_at_fork"):
 
 
 class DatagramSender:
-    """Queues items for one ingest address; a thread encodes and sends them.
+    """Sends what its ``poll`` hands over to one ingest address, from its own thread.
 
-    ``encode(item, dropped)`` makes the datagram's bytes on the sending thread,
-    ``dropped`` being the count as of the moment it is sent. ``poll(final)``, when set,
-    runs on the sending thread before each send (and once with ``final=True`` at
-    ``close``) and returns items to queue, None for each one lost (counted).
+    ``poll(final)`` runs on the sending thread (and once with ``final=True`` at
+    ``close``) and returns a slice of items, None for each one lost (counted), and
+    whether more are waiting. ``encode(item, dropped)`` makes an item's datagram,
+    ``dropped`` being the count as of that moment. ``busy()``, when set, says the
+    training thread is inside a step: a slice waits for it to leave.
     """
 
     def __init__(
@@ -83,20 +99,22 @@ class DatagramSender:
         self.retry_interval = retry_interval
         self.flush_interval = flush_interval
         # Two counters, each written by one thread only: no lost increments.
-        self.dropped_here = 0  # by the training thread (queue full, lost before queueing)
+        self.dropped_here = 0  # by the training thread (lost before it was handed over)
         self.dropped_sending = 0  # by the sending thread
         self.sent = 0
         # the latest refusal the exporter answered with (None: none so far)
         self.refusal: Refusal | None = None
-        self._queue: deque[Any] = deque()
+        self._queue: deque[bytes] = deque()  # encoded, waiting to be sent
         self._sock: socket.socket | None = None
         self._next_try = 0.0
         self._full_since: float | None = None  # when the receiver's queue was first found full
         self._logged: set[str] = set()
-        self._thread: threading.Thread | None = None
+        self.thread: threading.Thread | None = None  # the sending thread, once started
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self.poll: Callable[[bool], Iterable[Any]] | None = None
+        self.poll: Poll | None = None
+        self.busy: Callable[[], bool] | None = None
+        self._batch: Any = _NO_BATCH  # a _mmsg.BatchSender, or None: one by one
         _live.add(self)
 
     @property
@@ -105,43 +123,33 @@ class DatagramSender:
         return self.dropped_here + self.dropped_sending
 
     def drop(self) -> None:
-        """Count one report lost before it was queued (the training thread's side)."""
+        """Count one report lost before it was handed over (the training thread's side)."""
         self.dropped_here += 1
 
-    def submit(self, item: Any) -> None:
-        """Queue one item to send; never blocks. A full queue, or a closed sender,
-        drops it (counted)."""
-        queue = self._queue
-        if len(queue) >= _MAX_QUEUED or self._stop.is_set():
-            self.dropped_here += 1
-            return
-        queue.append(item)
-        if self._thread is None:
-            self._start()
-
     def start(self) -> None:
-        """Start the sending thread if it is not running (steps queued elsewhere, for
-        ``poll`` to hand over, need it as much as submitted ones)."""
-        if self._thread is None and not self._stop.is_set():
+        """Start the sending thread if it is not running."""
+        if self.thread is None and not self._stop.is_set():
             self._start()
 
     def flush(self) -> None:
-        """Poll and send what is queued now, from the calling thread (non-blocking)."""
+        """Poll and send what is waiting now, from the calling thread (non-blocking)."""
         with self._lock:
-            self._poll_locked(False)
+            while self._poll_locked(False) and self._flush_locked():
+                pass
             self._flush_locked()
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop the thread, send what is left (up to ``timeout`` s), close the socket.
         Whatever could not be sent is counted in ``dropped``."""
         self._stop.set()
-        thread = self._thread
+        thread = self.thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
         deadline = time.monotonic() + timeout
         with self._lock:
             try:
-                self._poll_locked(True)
+                while self._poll_locked(True):
+                    pass
             except Exception as err:
                 self._log_once("thread", "stepscope: sender: %r", err)
             while self._queue and time.monotonic() < deadline:
@@ -155,7 +163,7 @@ class DatagramSender:
 
     def _start(self) -> None:
         thread = threading.Thread(target=self._run, name="stepscope-sender", daemon=True)
-        self._thread = thread
+        self.thread = thread
         thread.start()
 
     def _run(self) -> None:
@@ -163,10 +171,7 @@ class DatagramSender:
         delay = self.flush_interval
         while not wait(delay):
             try:
-                with self._lock:
-                    self._poll_locked(False)
-                    done = self._flush_locked()
-                    self._read_answers()
+                done = self._tick()
             except Exception as err:  # never let the thread die silently mid-run
                 self._log_once("thread", "stepscope: sender: %r", err)
                 done = True
@@ -174,16 +179,50 @@ class DatagramSender:
             # as low as 10) is retried soon: only this thread waits.
             delay = self.flush_interval if done else _BUSY_RETRY
 
-    def _poll_locked(self, final: bool) -> None:
+    def _tick(self) -> bool:
+        """One wake-up: slices of the poll's items, each sent before the next is taken,
+        the GIL given back between them. False if a full receiver left some queued."""
+        done = True
+        for _ in range(_MAX_SLICES):
+            self._between_steps()
+            with self._lock:
+                more = self._poll_locked(False)
+                done = self._flush_locked()
+                self._read_answers()
+            if not more or not done or self._stop.is_set():
+                break
+            time.sleep(0)  # the training thread runs before the next slice
+        return done
+
+    def _between_steps(self) -> None:
+        """Wait (give the GIL back) while the training thread is inside a step: this
+        thread got the GIL there only because the interpreter forced a switch."""
+        busy = self.busy
+        if busy is None:
+            return
+        for _ in range(_BUSY_YIELDS):
+            if not busy():
+                return
+            time.sleep(0)
+
+    def _poll_locked(self, final: bool) -> bool:
+        """Queue a slice of the poll's items, encoded; whether more are waiting."""
         poll = self.poll
         if poll is None:
-            return
+            return False
+        items, more = poll(final)
         queue = self._queue
-        for item in poll(final):
+        encode = self.encode
+        for item in items:
             if item is None or len(queue) >= _MAX_QUEUED:
                 self.dropped_sending += 1
-            else:
-                queue.append(item)
+                continue
+            try:
+                queue.append(encode(item, self.dropped))
+            except Exception as err:  # an item that does not encode: drop it, go on
+                self.dropped_sending += 1
+                self._log_once("encode", "stepscope: could not encode a step: %r", err)
+        return more
 
     def _flush_locked(self) -> bool:
         """Send the queue in order; False if a full receiver left some queued."""
@@ -197,7 +236,7 @@ class DatagramSender:
                     queue.clear()
                     return True
             try:
-                sock.send(self.encode(queue[0], self.dropped))
+                sent = self._send(sock, queue)
             except OSError as err:
                 if err.errno in _BUSY:
                     now = time.monotonic()
@@ -219,15 +258,25 @@ class DatagramSender:
                 self._close_socket()
                 self._next_try = time.monotonic() + self.retry_interval
                 continue
-            except Exception as err:  # an item that does not encode: drop it, go on
+            for _ in range(sent):
                 queue.popleft()
-                self.dropped_sending += 1
-                self._log_once("encode", "stepscope: could not encode a step: %r", err)
-                continue
-            queue.popleft()
-            self.sent += 1
+            self.sent += sent
             self._full_since = None
         return True
+
+    def _send(self, sock: socket.socket, queue: deque[bytes]) -> int:
+        """Send the leading datagrams: a batch in one call where the kernel has
+        ``sendmmsg``, else the first alone. How many were sent (raises if none)."""
+        batch = self._batch
+        if batch is _NO_BATCH:
+            from stepscope.train._mmsg import batch_sender  # ctypes: on this thread only
+
+            batch = self._batch = batch_sender(_BATCH)
+        if batch is not None and len(queue) > 1:
+            head = list(islice(queue, _BATCH))
+            return int(batch.send(sock, head))
+        sock.send(queue[0])
+        return 1
 
     def _connect(self, now: float) -> socket.socket | None:
         self._next_try = now + self.retry_interval

@@ -1,12 +1,13 @@
 """CUDA-event step timing, split so the training thread only records events.
 
-The training thread takes an event from a pool, calls ``record()`` (on the H200
+The training thread takes an event from a pool and calls ``record()`` (on the H200
 ``torch.Event.record()`` costs ~2.3 µs; ``torch.cuda.Event.record()`` ~9.5 µs, most of it
-building a Python ``Stream`` for ``torch.cuda.current_stream()``) and appends a plain
-tuple to the pending queue. The sender thread, every tick, reads the steps whose events
-have completed (``query()`` never blocks), turns them into records and returns the
-events to the pool. So ``query()`` and ``elapsed_time()`` (~0.6 and ~1.6 µs each) never
-run on the training thread, and after warm-up no event is created per step. All three
+building a Python ``Stream`` for ``torch.cuda.current_stream()``), at a step's start and
+end, and hands both to the sender thread (:mod:`._steps`), which queues the step here.
+The sender thread, every tick, reads the steps whose events have completed (``query()``
+never blocks), turns them into records and returns the events to the pool. So
+``query()`` and ``elapsed_time()`` (~0.6 and ~1.6 µs each) never run on the training
+thread, and after warm-up no event is created per step. All three
 keep the GIL (measured on the H200), so a step never hands it to the sender thread.
 
 Two events per step, because the GPU may idle between steps: the start event is what
@@ -59,10 +60,12 @@ def step_record(
     tokens: int,
     flops: float,
     spans: Spans = (),
+    t: float | None = None,
 ) -> PendingStep | None:
     """The record to send for a step, or None if its duration cannot be sent (over
     :data:`~stepscope.shared.datagram.MAX_STEP_SECONDS`). Comm is clamped to the body;
-    ``spans``: the named spans between the previous step and this one."""
+    ``spans``: the named spans between the previous step and this one; ``t``: the Unix
+    time the step ended (default: now)."""
     if not 0.0 < dur <= schema.MAX_STEP_SECONDS:
         if dur > 0.0 or dur != dur:
             return None
@@ -70,17 +73,19 @@ def step_record(
     comm = min(max(comm, 0.0), body)
     if not flops < math.inf:  # inf or NaN from an overflowing product
         flops = 0.0
-    return (number, warm, time.time(), dur, data, body - comm, comm, tokens, flops, spans)
+    if t is None:
+        t = time.time()
+    return (number, warm, t, dur, data, body - comm, comm, tokens, flops, spans)
 
 
 class CudaTimeline:
     """The event pool and the steps waiting for their events, for one reporter.
 
-    ``new_event()`` makes one timing event on the rank's device. Threads: ``mark``,
-    ``queue``, ``event`` and ``recycle`` are called from the training thread (``event``
-    and ``recycle`` also from the DDP hook's); ``resolve`` from the sender thread (or
-    from ``close``, with the sender's lock held). Every structure they share is a
-    ``deque``, whose appends and pops are atomic; only ``resolve`` pops pending steps.
+    ``new_event()`` makes one timing event on the rank's device. Threads: ``event`` and
+    ``recycle`` are called from the training thread (and the DDP hook's; the training
+    thread also pops ``free`` itself), ``queue`` and ``resolve`` from the sender thread
+    (or from ``close``, with the sender's lock held). Every structure shared across
+    threads is a ``deque``, whose appends and pops are atomic.
     """
 
     def __init__(self, new_event: Any, max_pending: int = MAX_PENDING,
@@ -130,32 +135,22 @@ class CudaTimeline:
         for ready, dones in pairs:
             self.recycle(ready, *dones)
 
-    def mark(self) -> Any:
-        """A pool event recorded now on the current stream: a step's start. None when
-        the pool is spent (the step is then dropped)."""
-        ev = self.event()
-        if ev is not None:
-            ev.record()
-        return ev
-
     def queue(self, number: int, warm: bool, tokens: int, flops: float, data: float,
-              gap: float, start: Any, pairs: Pairs, spans: Spans = ()) -> bool:  # fmt: skip
-        """Record the end of the step that ``start`` began and queue the step for
-        ``resolve``. False when it is dropped (the pool spent, or :data:`MAX_PENDING`
-        steps waiting): its events are recycled, and its time goes to the next step,
-        measured from the last queued end, as a failed step's does."""
-        if start is not None:
-            end = self.event()
-            pending = self.pending
-            if end is not None and len(pending) < self.max_pending:
-                end.record()
-                pending.append(
-                    (number, warm, tokens, flops, data, gap, self._last_end, start, end, pairs,
-                     spans)
-                )
-                self._last_end = end
-                return True
-            self.recycle(start, end)
+              gap: float, start: Any, end: Any, pairs: Pairs,
+              spans: Spans = ()) -> bool:  # fmt: skip
+        """Queue the step whose events ``start`` and ``end`` were recorded for
+        ``resolve``. False when it is dropped (an event missing: the pool was spent; or
+        :data:`MAX_PENDING` steps waiting): its events are recycled, and its time goes
+        to the next step, measured from the last queued end, as a failed step's does."""
+        pending = self.pending
+        if start is not None and end is not None and len(pending) < self.max_pending:
+            pending.append(
+                (number, warm, tokens, flops, data, gap, self._last_end, start, end, pairs,
+                 spans)
+            )
+            self._last_end = end
+            return True
+        self.recycle(start, end)
         self.recycle_pairs(pairs)
         return False
 

@@ -14,9 +14,12 @@ How a step is timed (docs/sdk.md has the long form):
   (the loop's own work between steps, evaluation, checkpoints, failed steps); the parts
   of it in ``with phase("checkpoint")`` (or ``evaluation``, ``logging``, ``other``) are
   sent with the next step as named spans, so the exporter can say what the time was.
-- On CUDA the boundaries are CUDA events from a pool: the training thread only records
-  them; the sender thread reads them once they have completed (``Event.query()`` never
-  blocks), so ``dur`` and the phases are GPU time, not launch time (``_timeline``).
+- The training thread only records a step's boundaries (CUDA events from a pool on the
+  CUDA path, the host clock) and puts them in a preallocated ring with the step's raw
+  numbers; the sender thread does the bookkeeping (numbering, warm-up, checks, the data
+  wait and the gap, spans, the records) in slices (``_steps``). On CUDA it reads the
+  events once they have completed (``Event.query()`` never blocks), so ``dur`` and the
+  phases are GPU time, not launch time (``_timeline``).
   ``sync=True`` synchronizes the device at each boundary instead: every stream counted,
   each step sent at once, but the CPU can no longer run ahead of the GPU, which costs
   throughput.
@@ -27,25 +30,20 @@ errors (logged once), bad per-step values are zeroed and counted.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from stepscope.shared import datagram as schema
-from stepscope.shared.datagram import (
-    SPANS,
-    PendingStep,
-    PendingTail,
-    Refusal,
-    Spans,
-    StepEncoder,
-)
+from stepscope.shared.datagram import SPANS, PendingStep, PendingTail, Refusal, StepEncoder
 from stepscope.train import _nccl, ddp
 from stepscope.train._env import (
     cuda_device_uuid,
@@ -56,14 +54,14 @@ from stepscope.train._env import (
     valid_group,
 )
 from stepscope.train._sender import DatagramSender
-from stepscope.train._timeline import CudaTimeline, Pairs, comm_seconds, step_record
+from stepscope.train._steps import RESUME, SPAN, StepBook, StepRing
+from stepscope.train._timeline import CudaTimeline
 
 log = logging.getLogger("stepscope.train")
 
 T = TypeVar("T")
 
 _clock = time.perf_counter
-_NO_COMM: tuple[float, Pairs] = (0.0, ())
 _SPAN_NAMES = frozenset(SPANS)
 
 
@@ -113,45 +111,22 @@ class _Encoders:
 
 
 class _Poll:
-    """What the sender thread does each tick for this reporter: hand over the CUDA
-    steps whose events completed, and watch NCCL's debug file; when the reporter
-    closes (or at exit), the named spans no step followed, as a tail."""
+    """What the sender thread does for this reporter, a slice at a time: the steps'
+    bookkeeping (``_steps.StepBook``: records, the CUDA events that completed, at close
+    the spans after the last step) and NCCL's debug file."""
 
-    def __init__(self, encoders: _Encoders) -> None:
+    def __init__(self, encoders: _Encoders, book: StepBook) -> None:
         self.encoders = encoders
-        self.timeline: CudaTimeline | None = None
+        self.book = book
         self.nccl: _nccl.TransportWatcher | None = None
-        # named spans since the last step (the reporter's, shared: each step takes them)
-        self.spans: dict[str, float] = {}
-        # for a tail: (the last step's number, the host time from which the spans are
-        # counted: that step's end or the previous tail's, the last span's end)
-        self.tail: tuple[int, float, float] | None = None
 
-    def __call__(self, final: bool) -> list[PendingStep | PendingTail | None]:
+    def __call__(self, final: bool) -> tuple[list[PendingStep | PendingTail | None], bool]:
         watcher = self.nccl
         if watcher is not None and not final:
             found = watcher.poll()
             if found is not None and found != self.encoders.transport:
                 self.encoders.update(transport=found)
-        timeline = self.timeline
-        out: list[PendingStep | PendingTail | None] = []
-        if timeline is not None:
-            out += timeline.resolve(final)
-        if final and self.spans and self.tail is not None:
-            out.append(self._tail())
-        return out
-
-    def _tail(self) -> PendingTail | None:
-        """The spans after the last step, counted from its end to the last one's."""
-        assert self.tail is not None
-        number, since, until = self.tail
-        spans = tuple(self.spans.items())
-        self.spans.clear()
-        self.tail = (number, until, until)  # a later close counts from here
-        dur = until - since
-        if not 0.0 < dur <= schema.MAX_STEP_SECONDS:
-            return None
-        return (number, time.time() - (_clock() - until), dur, spans)
+        return self.book.drain(final)
 
 
 class _StepContext:
@@ -309,8 +284,13 @@ class StepReporter:
             job, self.rank, self.local_rank, self.world_size, precision, self.uuid, self.group
         )
         self._sender = DatagramSender(self.ingest, self._encoders.encode, float(retry_interval))
-        self._poll = _Poll(self._encoders)
+        self._ring = StepRing()
+        self._book = StepBook(self._ring, start_step, self.warmup_steps, self.flops_per_token,
+                              self.flops_per_step)  # fmt: skip
+        self._poll = _Poll(self._encoders, self._book)
         self._sender.poll = self._poll
+        # whether the training thread is inside step(): read by the sender thread
+        self._sender.busy = functools.partial(getattr, self._ring, "open")
         # At exit (or when the reporter is collected) send what is still queued.
         weakref.finalize(self, self._sender.close, 0.2)
         self._cuda_wanted = cuda
@@ -318,23 +298,19 @@ class StepReporter:
         self._decided = False
         self._torch: Any = None
 
-        self._next_number = start_step
-        self._reported = 0  # steps completed in this process (warm-up count)
+        self._reported = 0  # steps completed in this process
         self.failed = 0
-        self.invalid = 0
-        self._mark: float | None = None  # end of the previous step
-        self._data = 0.0
+        self._data = 0.0  # seconds waited in timed() and add_time("data_wait"), in all
         self._enter_at = 0.0
-        self._open = False
         self._tokens: Any = 0
         self._flops: Any = None
         self._ctx = _StepContext(self)
         self._comm = ddp.ExposedComm()
         self._watching = False
         self._timeline: CudaTimeline | None = None
+        self._free: deque[Any] | None = None  # the timeline's event pool (CUDA events)
         self._start_event: Any = None
         self._logged: set[str] = set()
-        self._spans = self._poll.spans  # named spans since the last reported step
         self._open_phase: tuple[str, float] | None = None  # (name, start) of the open span
         self.nccl_debug_file: str | None = None
         if _nccl.wanted(nccl_transport, os.environ):
@@ -354,6 +330,12 @@ class StepReporter:
         also logged once."""
         return self._sender.refusal
 
+    @property
+    def invalid(self) -> int:
+        """Steps whose tokens or FLOPs were not a number >= 0 (sent as 0), counted as the
+        sender thread reads them."""
+        return self._book.invalid
+
     def resume_from(self, step: int) -> None:
         """Number the next step ``step``: for a run resumed from a checkpoint whose step
         is known only after the reporter was made (``start_step`` when it is known
@@ -364,7 +346,7 @@ class StepReporter:
             self._warn_once("resume_from", "stepscope: resume_from(%r): not a step number "
                             "(an int >= 0); ignored", step)  # fmt: skip
             return
-        self._next_number = step
+        self._put((RESUME, step))
 
     @property
     def steps(self) -> int:
@@ -407,6 +389,7 @@ class StepReporter:
         """
         it = iter(iterable)
         clock = time.perf_counter
+        ring = self._ring
         while True:
             start = clock()
             try:
@@ -414,8 +397,8 @@ class StepReporter:
             except StopIteration:
                 return
             self._data += clock() - start
-            if self._mark is None:
-                self._mark = start
+            if ring.first is None:
+                ring.first = start
             yield item
 
     def watch_ddp(self, model: Any) -> bool:
@@ -451,8 +434,8 @@ class StepReporter:
                 seconds = float(end) - float(start)
                 if seconds > 0.0:
                     self._data += seconds
-                    if self._mark is None:
-                        self._mark = float(start)
+                    if self._ring.first is None:
+                        self._ring.first = float(start)
             elif phase == "comm":
                 comm = self._comm
                 with comm.lock:
@@ -497,7 +480,7 @@ class StepReporter:
         """The span's start, or None when it does not count (nested, inside a step)."""
         if self._open_phase is not None:
             return None
-        if self._open:
+        if self._ring.open:
             self._warn_once(
                 "phase_in_step",
                 "stepscope: phase() inside step(): that time is the step body's, not "
@@ -512,165 +495,115 @@ class StepReporter:
         if self._open_phase is None or self._open_phase[1] != start:
             return  # counted already (close() inside the span)
         self._open_phase = None
-        mark = self._mark
-        if mark is None:
+        if self._ring.first is None:
             return  # before the first step is timed: in no step's wall time
         end = _clock()
-        seconds = end - start
-        if seconds > 0.0:
-            spans = self._spans
-            spans[name] = spans.get(name, 0.0) + seconds
-            if self._reported:  # a tail, if no step follows: from the last step's end
-                poll = self._poll
-                tail = poll.tail
-                number = self._next_number - 1
-                since = tail[1] if tail is not None and tail[0] == number else mark
-                poll.tail = (number, max(since, mark), end)
+        if end > start:  # sent with the next step, or as a tail if none follows
+            self._put((SPAN, name, end - start, end))
 
-    def _take_spans(self) -> Spans:
-        spans = self._spans
-        if not spans:
-            return ()
-        out = tuple(spans.items())
-        spans.clear()
-        return out
+    def _put(self, entry: tuple[Any, ...]) -> None:
+        """Hand the sender thread an entry other than a step (rare: no hurry)."""
+        if not self._ring.put(entry):
+            self._warn_once("ring", "stepscope: the sender thread is far behind; a span "
+                            "or resume_from() was lost")  # fmt: skip
 
     # -- the step ---------------------------------------------------------------
 
     def _enter(self) -> None:
         try:
-            if self._open:
+            ring = self._ring
+            if ring.open:
                 self._warn_once("nested", "stepscope: step() entered twice; inner one ignored")
                 return
             if not self._decided:
                 self._decide_device()
             if self._watching:
                 self._discard_comm()  # all-reduces outside a step belong to no step
-            timeline = self._timeline
-            if timeline is not None:  # CUDA events: the hot path is one record()
-                self._start_event = timeline.mark()  # None: pool spent, step dropped
+            free = self._free
+            if free is not None:  # CUDA events: the hot path is one pop, one record()
+                try:
+                    ev = free.pop()
+                except IndexError:
+                    ev = self._more_events()
+                if ev is not None:  # None: pool spent, the step is dropped
+                    ev.record()
+                self._start_event = ev
             elif self._cuda:  # sync=True
                 self._torch.cuda.synchronize()
             now = _clock()
-            if self._mark is None:
-                self._mark = now
+            if ring.first is None:
+                ring.first = now
             self._enter_at = now
-            self._open = True
+            ring.open = True
         except Exception as err:
-            self._open = False
+            self._ring.open = False
             self._warn_once("enter", "stepscope: step start failed: %r", err)
 
     def _exit(self, ok: bool) -> None:
-        # The hot path of every step: locals over repeated attribute reads, no call
-        # that the common case (int tokens, FLOPs from the constructor) does not need.
+        # The hot path of every step: record the end, read the clock, put the raw numbers
+        # in the ring (inlined: no call). Everything else is the sender thread's (_steps).
         try:
-            if not self._open:
+            ring = self._ring
+            if not ring.open:
                 return
-            self._open = False
-            timeline = self._timeline
+            ring.open = False
             if not ok:
-                self.failed += 1
-                if timeline is not None:
-                    timeline.recycle(self._start_event)
-                    self._start_event = None
-                self._discard_comm()
+                self._failed()
                 return
-            if timeline is None and self._cuda:
-                self._torch.cuda.synchronize()
-            end = _clock()
-            enter_at = self._enter_at
-            mark = self._mark
-            if mark is None:
-                mark = enter_at
-            gap = enter_at - mark
-            data = self._data
-            if data:
-                data = min(data, gap) if data > 0.0 else 0.0
-                self._data = 0.0
-            self._mark = end
-            tokens = self._tokens
-            if type(tokens) is not int or tokens < 0:
-                tokens = self._coerce_tokens(tokens)
-            flops = self._flops
-            if flops is None:
-                flops = self.flops_per_step
-                if flops is None:
-                    per_token = self.flops_per_token
-                    flops = 0.0 if per_token is None else per_token * tokens
-            else:
-                flops = self._checked_flops(flops)
-            number = self._next_number
-            self._next_number = number + 1
-            reported = self._reported
-            self._reported = reported + 1
-            warm = reported < self.warmup_steps
-            comm_host, pairs = self._comm.take() if self._watching else _NO_COMM
-            spans = self._take_spans() if self._spans else ()
-            if timeline is not None:
+            free = self._free
+            start = end = None
+            if free is not None:
                 start = self._start_event
-                self._start_event = None
-                if timeline.queue(number, warm, tokens, flops, data, gap, start, pairs, spans):
-                    self._sender.start()
-                else:
-                    self._sender.drop()
-                return
-            body = end - enter_at
-            comm = comm_host + (comm_seconds(pairs) if pairs else 0.0)  # sync: completed
-            self._send(number, warm, end - mark, data, body, comm, tokens, flops, spans)
+                try:
+                    end = free.pop()
+                except IndexError:
+                    end = self._more_events()
+                if end is not None:
+                    end.record()
+            elif self._cuda:  # sync=True
+                self._torch.cuda.synchronize()
+            n = ring.written
+            if n - ring.read <= ring.mask:
+                ring.slots[n & ring.mask] = (
+                    self._tokens, self._flops, self._enter_at, _clock(), self._data, start, end,
+                    self._comm.take() if self._watching else None,
+                )  # fmt: skip
+                ring.written = n + 1
+            else:
+                self._lost(start, end)
+            self._reported += 1
+            if self._sender.thread is None:
+                self._sender.start()  # the first step (or the first after a fork)
         except Exception as err:
             self._sender.drop()
             self._warn_once("exit", "stepscope: step end failed: %r", err)
+
+    def _failed(self) -> None:
+        """The step's body raised: not reported, its time goes to the next step."""
+        self.failed += 1
+        if self._timeline is not None:
+            self._timeline.recycle(self._start_event)
+            self._start_event = None
+        self._discard_comm()
+
+    def _lost(self, start: Any, end: Any) -> None:
+        """The ring is full (the sender thread is that far behind): the step is dropped,
+        counted; its time goes to the next step, as a failed step's does."""
+        self._ring.lost += 1
+        self._sender.drop()
+        if self._timeline is not None:
+            self._timeline.recycle(start, end)
+        self._discard_comm()
+
+    def _more_events(self) -> Any:
+        """An event when the pool's free list is empty: a new one under the cap, or None."""
+        timeline = self._timeline
+        return timeline.event() if timeline is not None else None
 
     def _discard_comm(self) -> None:
         _, pairs = self._comm.take()
         if pairs and self._timeline is not None:
             self._timeline.recycle_pairs(pairs)
-
-    def _checked_flops(self, flops: Any) -> float:
-        """``step(flops=...)`` as a float; a bad value becomes 0 and is counted."""
-        try:
-            value = float(flops)
-            if math.isfinite(value) and value >= 0.0:
-                return value
-        except (TypeError, ValueError):
-            pass
-        self.invalid += 1
-        self._warn_once("flops", "stepscope: step(flops=%r) is not a number >= 0; sent 0", flops)
-        return 0.0
-
-    def _coerce_tokens(self, tokens: Any) -> int:
-        try:
-            if isinstance(tokens, bool):
-                value = -1
-            elif isinstance(tokens, float) and tokens.is_integer():
-                value = int(tokens)
-            else:
-                value = tokens.__index__()  # numpy / 0-d integer tensors
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                return value
-        except Exception:
-            pass
-        self.invalid += 1
-        self._warn_once("tokens", "stepscope: step(tokens=%r) is not an int >= 0; sent 0", tokens)
-        return 0
-
-    def _send(
-        self,
-        number: int,
-        warm: bool,
-        dur: float,
-        data: float,
-        body: float,
-        comm: float,
-        tokens: int,
-        flops: float,
-        spans: Spans = (),
-    ) -> None:
-        record = step_record(number, warm, dur, data, body, comm, tokens, flops, spans)
-        if record is None:
-            self._sender.drop()
-        else:
-            self._sender.submit(record)
 
     # -- CUDA and NCCL ----------------------------------------------------------
 
@@ -700,8 +633,9 @@ class StepReporter:
             if not self.sync:
                 timeline = CudaTimeline(_event_factory(torch))
                 timeline.prewarm()
-                self._poll.timeline = timeline
+                self._book.timeline = timeline  # before the first step's entry
                 self._timeline = timeline
+                self._free = timeline.free
 
     def _event(self) -> Any:
         """A timing event for the DDP hook (None: the pool is spent)."""

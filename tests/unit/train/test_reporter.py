@@ -6,11 +6,9 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -76,14 +74,6 @@ class Receiver:
                 n += 1
         except BlockingIOError:
             return n
-
-
-@pytest.fixture
-def short_dir() -> Iterator[str]:
-    # Unix socket paths are limited to 108 bytes; pytest's tmp_path can be longer.
-    path = tempfile.mkdtemp(prefix="ss-")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The CUDA-event path's bookkeeping, with fake events on a GPU clock the test drives:
-the training thread only records; steps are read, in order, once their events have
+the training thread only records (pool events); steps are read, in order, once their events have
 completed; a spent pool or a full queue drops steps (counted) and never blocks or
 raises; every event returns to the pool exactly once."""
 
@@ -41,13 +41,21 @@ class Event:
         return end.t - self.t
 
 
+def mark(tl: CudaTimeline) -> Event | None:
+    """A pool event recorded now, as the training thread takes one (None: spent)."""
+    ev = tl.event()
+    if ev is not None:
+        ev.record()
+    return ev  # type: ignore[no-any-return]
+
+
 def step(tl: CudaTimeline, gpu: Gpu, n: int, start_ms: float, end_ms: float,
          data: float = 0.0) -> bool:  # fmt: skip
-    """What the reporter's training thread does for one step; whether it was queued."""
+    """What the reporter's two threads do for one step; whether it was queued."""
     gpu.now = start_ms
-    start = tl.mark()
+    start = mark(tl)
     gpu.now = end_ms
-    return tl.queue(n, False, 10, 1e9, data, 0.002, start, [])
+    return tl.queue(n, False, 10, 1e9, data, 0.002, start, mark(tl), [])
 
 
 def test_steps_are_read_in_order_once_completed_and_equal_what_the_events_measure() -> None:
@@ -103,14 +111,13 @@ def test_events_are_pooled_and_each_returns_once() -> None:
 
 def test_a_spent_pool_gives_none_and_a_full_queue_refuses_without_blocking() -> None:
     gpu = Gpu()
-    tl = CudaTimeline(gpu.event, max_pending=2, max_events=5)
+    tl = CudaTimeline(gpu.event, max_pending=2, max_events=6)
     for n in range(2):
         assert step(tl, gpu, n, n, n + 0.5)
-    made = gpu.made
-    assert not step(tl, gpu, 2, 2.0, 2.5)  # two steps wait: refused, start recycled
-    assert gpu.made == made + 1 and len(tl.pending) == 2  # no end taken for it
-    assert tl.event() is not None and tl.mark() is None  # 5 made: the cap
-    assert not tl.queue(3, False, 0, 0.0, 0.0, 0.0, None, [])  # a step whose start failed
+    assert not step(tl, gpu, 2, 2.0, 2.5)  # two steps wait: refused, its events recycled
+    assert gpu.made == 6 and len(tl.pending) == 2 and len(tl.free) == 2
+    assert tl.event() is not None and tl.event() is not None and mark(tl) is None  # the cap
+    assert not tl.queue(3, False, 0, 0.0, 0.0, 0.0, None, None, [])  # no events: refused
     gpu.done_until = 10.0
     assert len(tl.resolve(False)) == 2 and tl.event() is not None  # recycled
 
@@ -175,9 +182,9 @@ def test_a_steps_named_spans_ride_with_it_until_its_events_are_read() -> None:
     tl = CudaTimeline(gpu.event)
     step(tl, gpu, 0, 0.0, 40.0)
     gpu.now = 1040.0
-    start = tl.mark()
+    start = mark(tl)
     gpu.now = 1080.0
-    assert tl.queue(1, False, 10, 1e9, 0.0, 1.0, start, [], (("checkpoint", 0.998),))
+    assert tl.queue(1, False, 10, 1e9, 0.0, 1.0, start, mark(tl), [], (("checkpoint", 0.998),))
     gpu.done_until = 1080.0
     s0, s1 = tl.resolve(False)
     assert s0 is not None and s1 is not None
