@@ -158,6 +158,11 @@ def datagrams() -> Iterator[tuple[Collector, str]]:
 
 
 def received(col: Collector, n: int) -> list[dict[str, Any]]:
-    """The first ``n`` step datagrams, by step, once they have arrived."""
-    wait_for(lambda: len(col.got) >= n, timeout=10)
-    return sorted(col.got, key=lambda d: d["step"])
+    """The step datagrams, by step, once ``n`` have arrived (not the tail: the spans a
+    rank names after its last step, when its reporter closes)."""
+
+    def steps() -> list[dict[str, Any]]:
+        return [d for d in col.got if d.get("type") == "step"]
+
+    wait_for(lambda: len(steps()) >= n, timeout=10)
+    return sorted(steps(), key=lambda d: d["step"])
