@@ -1,6 +1,7 @@
 """False alarms: a healthy simulated fleet with ranks, 30 simulated minutes.
 
     python -m benchmarks.bench_false_alarms [--nodes 8] [--gpus 8] [--minutes 30] [--sanity]
+                                            [--jitter 0.04] [--stages 4]
 
 Each node is a real ``Sampler`` (the registry ``stepscope serve`` builds: GPU source over a
 simulated 8 x H100 node, the ingest's ``IngestSource`` over a real ``Aggregator``, an RDMA
@@ -10,7 +11,10 @@ every simulated second each node makes one sampling pass, and every rank reports
 step it finished that second, as the SDK would (a DDP job across all nodes, steps of
 ~0.5 s with deterministic jitter: data wait 1-3%, compute ~85%, exposed comm 5-10%, the
 rest ~5%; ``--checkpoint-every M``: a 20 s checkpoint every M minutes, which the SDK
-counts in the next step's ``other``). What is scripted rather than read: the host (CPUs
+counts in the next step's ``other``; ``--jitter J``: each step's time off by up to
++-J instead of +-3%; ``--stages S``: a pipeline, the ranks in S stages in rank order,
+each reporting its stage as its ``group``, the first and last stages 30% busier per step
+by design). What is scripted rather than read: the host (CPUs
 30% busy, the rank's process ~1 core spinning on CUDA syncs, 4 DataLoader workers at
 0.5 core each, no IO pressure) and the RDMA ports (EFA moving 5 GB/s), since /proc and
 /sys cannot run on a fake clock.
@@ -121,7 +125,8 @@ class Node:
     """One exporter: a real sampler over simulated GPUs and the scripted host."""
 
     def __init__(self, index: int, gpus: int, world: int, clock: Clock,
-                 sick: bool = False, checkpoint: float = 0.0) -> None:  # fmt: skip
+                 sick: bool = False, checkpoint: float = 0.0, spread: float = 0.03,
+                 stages: int = 0) -> None:  # fmt: skip
         self.host = f"node-{index:02d}"
         scenario = default_scenario(gpus)
         if sick:  # --sanity: GPU 0 throttles for temperature from the start
@@ -144,13 +149,18 @@ class Node:
                                wall_clock=clock)  # fmt: skip
         self.next_step = {r: (jitter(r) * 0.5, 0) for r in self.ranks}  # (end time, number)
         self.world = world
+        self.spread = spread  # +-share of each step's time
+        self.stages = stages
 
     def report(self, now: float) -> None:
         """Every step each rank finished up to ``now``, as StepRecords."""
         for local, r in enumerate(self.ranks):
             end, n = self.next_step[r]
             while end <= now:
-                dur = 0.5 * (0.97 + 0.06 * jitter(r, n))
+                stage = r * self.stages // self.world if self.stages else None
+                # the first and last stages carry the embedding and the loss
+                heavy = 1.3 if stage in (0, self.stages - 1) else 1.0
+                dur = 0.5 * heavy * (1 - self.spread + 2 * self.spread * jitter(r, n))
                 data = dur * (0.01 + 0.02 * jitter(r, n, 1))
                 if self.sick and local == 0:
                     data = 0.4 * dur  # --sanity: this rank's loader cannot keep up
@@ -165,7 +175,8 @@ class Node:
                 self.agg.add(StepRecord(
                     JOB, r, local, n, end, dur, data, dur - data - comm - other, comm, other,
                     n < 3, 4096, 0.45 * 989.4e12 * dur, "bf16", self.world, PID0 + r,
-                    self.uuids[local], 0))  # fmt: skip
+                    self.uuids[local], 0,
+                    group=f"stage{stage}" if stage is not None else None))  # fmt: skip
                 n += 1
                 end += dur
             self.next_step[r] = (end, n)
@@ -249,6 +260,10 @@ def main() -> int:
     ap.add_argument("--no-promtool", action="store_true", help="count verdicts only")
     ap.add_argument("--checkpoint-every", type=float, default=0.0, metavar="MINUTES",
                     help="a 20 s checkpoint every MINUTES on every rank (default: none)")
+    ap.add_argument("--jitter", type=float, default=0.03,
+                    help="each step's time off by up to +-this share (default 0.03)")
+    ap.add_argument("--stages", type=int, default=0,
+                    help="a pipeline of this many stages, each its own group (default none)")
     ap.add_argument("--sanity", action="store_true",
                     help="make node 0 sick (GPU 0 hot, rank 0 data-starved): both counts must "
                     "then be non-zero, which proves they can see an alarm")
@@ -256,7 +271,8 @@ def main() -> int:
     clock = Clock()
     world = args.nodes * args.gpus
     nodes = [Node(i, args.gpus, world, clock, sick=args.sanity and i == 0,
-                  checkpoint=60 * args.checkpoint_every) for i in range(args.nodes)]
+                  checkpoint=60 * args.checkpoint_every, spread=args.jitter,
+                  stages=args.stages) for i in range(args.nodes)]
     names = rule_metric_names()
     seconds = args.minutes * 60
     samples = seconds // SCRAPE + 1
@@ -290,8 +306,10 @@ def main() -> int:
     elapsed = time.perf_counter() - t0
     judged = sum(kinds.values())
     unhealthy = judged - kinds["healthy (compute)"]
-    print(f"# False alarms: {args.nodes} nodes x {args.gpus} GPUs, one {world}-rank job, "
-          f"{args.minutes} simulated minutes ({elapsed:.0f} s of CPU time)\n")
+    shape = f", {args.stages} pipeline stages" if args.stages else ""
+    print(f"# False alarms: {args.nodes} nodes x {args.gpus} GPUs, one {world}-rank job"
+          f"{shape}, step jitter +-{args.jitter:.0%}, {args.minutes} simulated minutes "
+          f"({elapsed:.0f} s of CPU time)\n")
     print(f"Verdicts after the first {warmup:.0f} s (one per rank per pass, "
           f"{args.nodes} nodes x 1 pass/s):\n")
     print("| verdict | count |\n|---|---|")

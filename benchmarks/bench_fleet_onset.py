@@ -2,7 +2,8 @@
 
     python -m benchmarks.bench_fleet_onset [--nodes 8] [--scrape 15s] [--slow-at 150]
                                            [--for 5s] [--rules DIR] [--timeout 900]
-                                           [--cause thermal|starved]
+                                           [--cause thermal|starved|clock]
+                                           [--slowdown 0.08]
 
 The fleet of tests/support/fleet.py on this machine: ``--nodes`` exporters (simulated
 H100, 1 s sampling, the default 30 s diagnosis window), a real Prometheus scraping them
@@ -22,6 +23,10 @@ then waits for it in the all-reduce. From that onset it measures, polling every 
 ``--cause starved``: the slow node's GPU instead idles 70% of each second waiting for data
 (its SM activity falls far below its peers'): the onset ``StepscopeNodeStraggler`` is
 for; the fleet view then has to name the rank, without a thermal cause.
+``--cause clock --slowdown S``: fail-slow. The slow node's GPU holds its clock at
+1/(1+S) of boost with no clock event, and its rank computes (1+S) x 0.30 s per step (8%:
+0.324 s): what ``StepscopeRankStraggler`` at 1.06x is for; the table says when it fires
+and when the fleet view names the rank.
 
 Prints a markdown table (and writes it, with JSON, to ``--out`` when given).
 """
@@ -62,18 +67,23 @@ def main() -> int:
                     help="folder of rule files to load (default: the shipped rules)")
     ap.add_argument("--cause", choices=sorted(CAUSES), default="thermal",
                     help="what slows the node (default thermal)")
+    ap.add_argument("--slowdown", type=float, default=None,
+                    help="with --cause clock: how much slower the rank computes (0.08: 8%%)")
     args = ap.parse_args()
     rank = str(args.nodes - 1)
+    slowdown = args.slowdown if args.slowdown is not None else 0.5  # 0.45 s for 0.30
+    change = {"sm_clock": round(1 / (1 + slowdown), 3)} if args.cause == "clock" else None
     with tempfile.TemporaryDirectory(prefix="stepscope-onset-") as tmp, fleet(
         Path(tmp), nodes=args.nodes, slow_at=args.slow_at, window=30.0, scrape=args.scrape,
-        for_=args.for_, rules=args.rules, cause=args.cause,
+        for_=args.for_, rules=args.rules, cause=args.cause, change=change,
+        slow_compute=0.30 * (1 + slowdown),
     ) as f:
         onset = f.onset(timeout=args.slow_at + 120)
         print(f"onset at {time.strftime('%H:%M:%S', time.localtime(onset))}; polling",
               file=sys.stderr)  # fmt: skip
         seen: dict[str, float] = {}
         thermal = args.cause == "thermal"
-        alerts = ALERTS if thermal else ALERTS[:2]
+        alerts = ALERTS if thermal else ALERTS[:1] if args.cause == "clock" else ALERTS[:2]
         wanted = ["local verdict", FLEET_VIEW, *alerts] if thermal else [FLEET_VIEW, *alerts]
         deadline = onset + args.timeout
         while time.time() < deadline and len(seen) < len(wanted):
@@ -93,7 +103,7 @@ def main() -> int:
     for_ = f"for: {args.for_}" if args.for_ else "for: as shipped"
     lines = [
         f"# Onset to verdict and alert: {args.nodes} nodes, scrape {args.scrape}, {for_}, "
-        f"rules {args.rules}, cause {args.cause}",
+        f"rules {args.rules}, cause {args.cause}, rank {slowdown:.0%} slower",
         "",
         "| signal | seconds after onset |",
         "|---|---|",

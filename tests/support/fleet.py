@@ -40,6 +40,8 @@ JOB = "fleet-llm"
 CAUSES: dict[str, dict[str, Any]] = {
     "thermal": {"thermal": "sw"},
     "starved": {"activity": "sawtooth", "period": 1.0, "duty": 0.3, "wait": "data"},
+    # fail-slow: the clock held down with no clock event (the rank's slowdown says how far)
+    "clock": {"sm_clock": 0.92},
 }
 
 
@@ -110,14 +112,16 @@ def _read(proc: subprocess.Popen[str], out: list[str]) -> None:
 def fleet(tmp: Path, *, nodes: int = 8, slow_at: float = 0.0, interval: float = 1.0,
           window: float = 10.0, scrape: str = "1s", for_: str | None = "5s",
           compute: float = 0.30, slow_compute: float = 0.45,
-          rules: Path = RULES, cause: str = "thermal") -> Iterator[Fleet]:  # fmt: skip
+          rules: Path = RULES, cause: str = "thermal",
+          change: dict[str, Any] | None = None) -> Iterator[Fleet]:  # fmt: skip
     """Start the fleet; the slow node is the last. Everything is stopped on exit.
-    ``rules``: the folder of rule files Prometheus loads (the shipped ones by default)."""
+    ``rules``: the folder of rule files Prometheus loads (the shipped ones by default);
+    ``change``: what happens to the slow node's GPU, instead of ``CAUSES[cause]``."""
     hosts = [f"node-{i}" for i in range(nodes)]
     slow = hosts[-1]
     scenario = tmp / "slow.yaml"
     scenario.write_text(json.dumps({"gpus": 1,
-                                    "timeline": [{"at": slow_at, **CAUSES[cause]}]}))
+                                    "timeline": [{"at": slow_at, **(change or CAUSES[cause])}]}))
     env = {"STEPSCOPE_DIAGNOSIS": json.dumps({"window": window})}
 
     def start(host: str) -> Exporter:
