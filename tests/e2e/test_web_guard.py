@@ -1,7 +1,7 @@
-"""Clients that hold connections without finishing requests cannot starve the scrapes:
-a connection cap refuses extras at accept, silent and slow-header connections are closed
-after the request timeout, a keep-alive scraper is never cut off, and none of it floods
-the log."""
+"""Clients that hold connections without finishing requests cannot starve the scrapes: a
+connection cap (the peer holding the most gets no more), silent and slow-header
+connections closed after the request timeout, a keep-alive scraper never cut off, and
+none of it flooding the log. The attack by another user is in tests/security/."""
 
 from __future__ import annotations
 
@@ -42,25 +42,27 @@ def _closed_by_peer(sock: socket.socket) -> bool:
         return False
 
 
-def test_silent_connections_past_the_cap_are_refused_and_the_rest_time_out(
+def test_silent_connections_past_the_cap_are_closed_and_the_rest_time_out(
     exporter: Exporter,
 ) -> None:
     host, port = exporter.address.rsplit(":", 1)
     silent = [socket.create_connection((host, int(port)), timeout=0.2) for _ in range(60)]
     try:
-        # every one of them is closed: refused at accept, or timed out after 1 s
-        wait_for(lambda: all(_closed_by_peer(s) for s in silent), timeout=15, interval=0.2)
+        # every one of them is closed: the kernel hands a silent connection over only
+        # after the request timeout (TCP_DEFER_ACCEPT), then past the cap the peer
+        # holding the most gets no more, and the admitted ones time out after 1 s
+        wait_for(lambda: all(_closed_by_peer(s) for s in silent), timeout=20, interval=0.2)
 
         def all_counted() -> dict[str, float] | None:
             # the 20 admitted time out together, but are counted by as many callbacks:
             # a pass can publish between the first and the last of them
             counts = _http(exporter)
-            closed = (counts["stepscope_http_connections_rejected_total"]
-                      + counts["stepscope_http_connections_timed_out_total"])
+            closed = sum(counts[f"stepscope_http_connections_{how}_total"]
+                         for how in ("rejected", "evicted", "timed_out"))  # fmt: skip
             return counts if closed >= 60 else None
 
         counts = wait_for(all_counted, timeout=10)
-        assert counts["stepscope_http_connections_rejected_total"] >= 40
+        assert counts["stepscope_http_connections_rejected_total"] >= 1
         assert counts["stepscope_http_connections_timed_out_total"] >= 1
         assert counts["stepscope_http_max_connections"] == 20
     finally:

@@ -101,7 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     opt("max-jobs", "N", "training jobs tracked per node; more are rejected")
     opt("max-ranks-per-job", "N", "ranks tracked per job; more are rejected")
     opt("max-label-length", "N", "longest accepted job name or GPU UUID")
-    opt("max-connections", "N", "HTTP connections held at once; more are closed at accept")
+    opt("max-connections", "N", "HTTP connections held at once; past it the peer holding "
+        "the most gets no more")
     opt("http-request-timeout", "SECONDS",
         "close a connection that sends no complete request this long (silent or slow clients)")
     opt("web-config", "FILE", "TLS / basic auth, Prometheus exporter-toolkit format")

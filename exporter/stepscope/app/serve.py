@@ -35,7 +35,12 @@ from stepscope.ingest.refusals import process_exited, process_stamp
 from stepscope.shared.datagram import Limits
 from stepscope.web.app import Page, make_app
 from stepscope.web.config import load_web_config
-from stepscope.web.guard import ConnectionGuard
+from stepscope.web.guard import (
+    ConnectionGuard,
+    defer_accept,
+    listen_backlog,
+    raise_file_limit,
+)
 
 log = logging.getLogger("stepscope")
 
@@ -193,6 +198,8 @@ async def run_server(
     memory.tune()  # before the sampler's and the web server's threads allocate
     check_optional_features(cfg)
     web_cfg = load_web_config(cfg.web_config) if cfg.web_config else None
+    auth = web_cfg.basic_auth() if web_cfg else None
+    raise_file_limit(cfg.max_connections)
     loop = asyncio.get_running_loop()
     # bind first: a port in use ends the start before the ingest or a log line says
     # anything is served; connections are accepted once the first snapshot is taken
@@ -202,9 +209,15 @@ async def run_server(
         cfg.listen.host or None,
         cfg.listen.port,
         ssl=web_cfg.ssl_context() if web_cfg else None,
+        # a TLS connection reaches the guard once its handshake is done: until then the
+        # request timeout bounds it here (asyncio's default is 60 s)
+        ssl_handshake_timeout=cfg.http_request_timeout if web_cfg and web_cfg.tls else None,
         reuse_address=True,
+        backlog=listen_backlog(),
         start_serving=False,
     )
+    for sock in server.sockets:
+        defer_accept(sock, cfg.http_request_timeout)
     aggregator = Aggregator(
         training_settings_of(cfg), process_exited=process_exited, process_stamp=process_stamp
     )
@@ -215,7 +228,7 @@ async def run_server(
     # explicitly that cannot be bound stops the start
     ingest.start(required="ingest" in cfg.explicit)
     guard = ConnectionGuard(cfg.max_connections, cfg.http_request_timeout, KEEPALIVE_S)
-    sources = build_sources(cfg, backend, aggregator, guard)
+    sources = build_sources(cfg, backend, aggregator, guard, auth)
     sampler = Sampler(
         sources.registry,
         settings_of(cfg),
@@ -226,7 +239,7 @@ async def run_server(
     sampler.start()
     app = make_app(
         sampler,
-        middlewares=(guard.middleware, *(web_cfg.middlewares() if web_cfg else ())),
+        middlewares=(guard.middleware, *(web_cfg.middlewares(auth) if web_cfg else ())),
         pages=PAGES,
     )
     runner = web.AppRunner(

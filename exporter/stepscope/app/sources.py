@@ -22,6 +22,7 @@ from stepscope.host.source import HostSource
 from stepscope.ingest.aggregate import Aggregator
 from stepscope.ingest.source import IngestSource
 from stepscope.net.source import RdmaSource
+from stepscope.web.auth import BasicAuth
 from stepscope.web.guard import ConnectionGuard, HttpSource
 
 
@@ -39,6 +40,7 @@ def build_sources(
     backend: GpuBackend,
     aggregator: Aggregator,
     guard: ConnectionGuard | None = None,
+    auth: BasicAuth | None = None,
 ) -> Sources:
     """The exporter's sources for ``cfg``; the GPU source takes ownership of ``backend``."""
     registry = Registry()
@@ -51,6 +53,6 @@ def build_sources(
         registry.register(KubernetesSource(str(cfg.kubernetes_pod_resources)))
     registry.register(NodeTopologySource())
     if guard is not None:
-        registry.register(HttpSource(guard))
+        registry.register(HttpSource(guard, auth))
     diagnosis = registry.register_analysis(DiagnosisAnalysis(cfg.diagnosis))
     return Sources(registry, diagnosis, hpc)  # type: ignore[arg-type]

@@ -136,9 +136,15 @@ class WebConfig:
             return None
         return CertificateReloader(self.tls).context
 
-    def middlewares(self) -> tuple[Middleware, ...]:
+    def basic_auth(self) -> BasicAuth | None:
+        """Basic auth for ``users`` (None without users): one per server, it holds the
+        checks' lanes, the cache and the counters."""
+        return BasicAuth(self.users) if self.users else None
+
+    def middlewares(self, auth: BasicAuth | None = None) -> tuple[Middleware, ...]:
         """aiohttp middlewares, outermost first, in exporter-toolkit's order: rate
-        limit, response headers (so a 401 carries them too), client SANs, basic auth."""
+        limit, response headers (so a 401 carries them too), client SANs, basic auth
+        (``auth``, or a new :meth:`basic_auth`)."""
         out: list[Middleware] = []
         if self.rate_limit is not None:
             bucket = TokenBucket(self.rate_limit.interval, self.rate_limit.burst)
@@ -147,8 +153,9 @@ class WebConfig:
             out.append(response_headers_middleware(self.headers))
         if self.tls is not None and self.tls.client_allowed_sans:
             out.append(client_sans_middleware(self.tls.client_allowed_sans))
-        if self.users:
-            out.append(BasicAuth(self.users).middleware)
+        auth = auth or self.basic_auth()
+        if auth is not None:
+            out.append(auth.middleware)
         return tuple(out)
 
 

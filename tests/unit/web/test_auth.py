@@ -4,8 +4,10 @@ a bounded queue of checks, a cache a flood cannot evict."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import bcrypt
@@ -43,7 +45,7 @@ def test_a_scrape_completes_while_password_checks_are_in_flight(hashed: bytes) -
     scrape back. Here the check blocks until released: before the fix the loop itself
     blocked and the scrape could not complete at all."""
     verify = GatedVerify()
-    auth = BasicAuth({"prometheus": hashed}, verify=verify)
+    auth = BasicAuth({"prometheus": hashed}, verify=verify, peer_pending=4)
     with serving((auth.middleware,)) as address, ThreadPoolExecutor(8) as pool:
         assert get(address, headers=basic("prometheus", "s3cret"))[0] == 200  # now cached
         bad: list[Future[tuple[int, dict[str, str], bytes]]] = [
@@ -64,8 +66,10 @@ def test_more_pending_checks_than_the_limit_get_429_at_once(hashed: bytes) -> No
     auth = BasicAuth({"prometheus": hashed}, verify=verify, max_pending=2)
     with serving((auth.middleware,)) as address, ThreadPoolExecutor(4) as pool:
         try:
-            first = [pool.submit(get, address, headers=basic("prometheus", f"wrong{i}"))
-                     for i in range(2)]
+            first = [
+                pool.submit(get, address, headers=basic("prometheus", f"wrong{i}"))
+                for i in range(2)
+            ]
             assert verify.entered.acquire(timeout=15)
             # two distinct checks are pending (one running, one queued)
             wait_for(lambda: len(auth._inflight) == 2)
@@ -155,3 +159,113 @@ def test_a_slow_check_of_a_costly_hash_does_not_queue_unknown_users_or_cheap_has
         finally:
             verify.release.set()
         assert slow.result(timeout=15)[0] == 401
+
+
+# ---- issue 33: the pager always gets in (lanes and budgets, driven without a server)
+
+
+def _header(user: str, password: str) -> str:
+    return basic(user, password)["Authorization"]
+
+
+async def _until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
+    """Yield to the loop until ``predicate`` holds (a deadline, not a sleep)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met"
+        await asyncio.sleep(0.01)
+
+
+def test_a_flood_of_unknown_users_never_queues_a_configured_users_first_check(
+    hashed: bytes,
+) -> None:
+    """Issue 33: unknown users and configured users shared one lane of 8 pending checks,
+    so 16 flooding threads right after a restart got the valid user 429 on 22 of 22
+    scrapes. The dummy check now has a lane of its own: with it blocked and 40 unknown
+    users waiting, the valid user's first check runs at once."""
+    verify = GatedVerify()
+    auth = BasicAuth({"prometheus": hashed}, verify=verify)
+
+    async def run() -> tuple[list[bool | None], bool | None]:
+        flood = [
+            asyncio.ensure_future(auth.check(_header(f"user{i}", f"wrong{i}"), lambda: "mallory"))
+            for i in range(40)
+        ]
+        await _until(lambda: auth.checks["unknown"] == 1)  # one dummy check, blocked
+        valid = await auth.check(_header("prometheus", "s3cret"), lambda: "prometheus")
+        verify.release.set()
+        return list(await asyncio.gather(*flood)), valid
+
+    flood, valid = asyncio.run(run())
+    assert valid is True
+    assert flood == [False] * 40  # every unknown user 401, none 429
+    # one dummy check ran (the others waited as long, at no CPU), one real one
+    assert dict(auth.checks) == {"unknown": 1, "cheap": 1}
+
+
+def test_a_client_flooding_a_known_user_name_spends_its_own_budget_not_the_scrapers(
+    hashed: bytes,
+) -> None:
+    """A stranger who knows the user name sends wrong passwords for it: past two pending
+    checks it gets 429, for a configured name and an unknown one alike (the status does
+    not tell which names exist), while the scraper's first check is admitted behind at
+    most those two."""
+    verify = GatedVerify()
+    auth = BasicAuth({"prometheus": hashed}, verify=verify)
+
+    async def run() -> tuple[list[bool | None], bool | None, bool | None]:
+        pending = [
+            asyncio.ensure_future(
+                auth.check(_header("prometheus", f"wrong{i}"), lambda: "10.0.0.9")
+            )
+            for i in range(2)
+        ]
+        await _until(lambda: auth.checks["cheap"] == 2)
+        over = [
+            await auth.check(_header("prometheus", "wrong-3"), lambda: "10.0.0.9"),
+            await auth.check(_header("nosuchuser", "wrong-4"), lambda: "10.0.0.9"),
+        ]
+        scrape = asyncio.ensure_future(
+            auth.check(_header("prometheus", "s3cret"), lambda: "10.0.0.2")
+        )
+        await _until(lambda: auth.checks["cheap"] == 3)  # admitted, queued behind two
+        verify.release.set()
+        return over, await scrape, (await asyncio.gather(*pending))[0]
+
+    over, scrape, first = asyncio.run(run())
+    assert over == [None, None]  # 429 for the configured name and the unknown one
+    assert scrape is True and first is False
+    assert auth._peer_pending == {}  # the budget is given back as checks end
+
+
+def test_an_unknown_user_is_answered_when_a_cost_10_user_arriving_with_it_would_be(
+    hashed: bytes,
+) -> None:
+    """While a configured user's check runs, an unknown user's 401 waits for it, as a
+    configured user's check arriving then would: the delay does not tell the names
+    apart. A full cost-10 lane answers both 429."""
+    verify = GatedVerify()
+    auth = BasicAuth({"prometheus": hashed}, verify=verify, max_pending=2)
+
+    async def run() -> tuple[bool, bool | None, bool | None, bool | None]:
+        known = [asyncio.ensure_future(auth.check(_header("prometheus", "wrong"), lambda: "a"))]
+        await _until(lambda: auth.checks["cheap"] == 1)
+        unknown = asyncio.ensure_future(auth.check(_header("mallory", "guess"), lambda: "b"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        waited = not unknown.done()
+        known.append(
+            asyncio.ensure_future(auth.check(_header("prometheus", "wrong2"), lambda: "c"))
+        )
+        await _until(lambda: auth.checks["cheap"] == 2)  # the lane is full now
+        lane_full = [
+            await auth.check(_header("prometheus", "other"), lambda: "d"),
+            await auth.check(_header("eve", "other"), lambda: "d"),
+        ]
+        verify.release.set()
+        assert await asyncio.gather(*known) == [False, False]
+        return waited, await unknown, lane_full[0], lane_full[1]
+
+    waited, unknown, known_full, unknown_full = asyncio.run(run())
+    assert waited and unknown is False
+    assert known_full is None and unknown_full is None
