@@ -57,7 +57,7 @@ class Node:
         self.clock = ManualClock()
         self.backend = SimulatedBackend(parse_scenario(scenario), hostname="n", clock=self.clock)
         self.uuids = [d.uuid for d in self.backend.devices()]
-        self.agg = Aggregator(clock=self.clock)
+        self.agg = Aggregator(clock=self.clock, wall_clock=lambda: 1.7e9 + self.clock.t)
         self.host = FakeHost()
         self.fake_rdma = FakeRdma()
         self.sampler = make_sampler(

@@ -28,6 +28,7 @@ from stepscope.core.sampler import Sampler, SamplerSettings
 from stepscope.diagnose.api import diagnosis_json
 from stepscope.diagnose.page import status_page_html
 from stepscope.gpu.model import GpuBackend
+from stepscope.host.source import process_started
 from stepscope.ingest.aggregate import Aggregator, TrainingSettings
 from stepscope.ingest.listener import IngestAccess, IngestListener
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS
@@ -148,7 +149,13 @@ def reload_config(
 # Settings a running exporter cannot change (a bound port, an open socket, a loaded
 # backend): a reload that changes one says it needs a restart.
 RESTART_KEYS = (
-    "listen", "simulate", "scenario", "web_config", "ingest", "ingest_group", "ingest_mode",
+    "listen",
+    "simulate",
+    "scenario",
+    "web_config",
+    "ingest",
+    "ingest_group",
+    "ingest_mode",
     "kubernetes_pod_resources",
 )
 
@@ -219,7 +226,8 @@ async def run_server(
     for sock in server.sockets:
         defer_accept(sock, cfg.http_request_timeout)
     aggregator = Aggregator(
-        training_settings_of(cfg), process_exited=process_exited, process_stamp=process_stamp
+        training_settings_of(cfg), process_exited=process_exited, process_stamp=process_stamp,
+        process_started=process_started,
     )
     ingest = IngestListener(
         cfg.ingest, aggregator, IngestAccess(mode=cfg.ingest_mode, group=cfg.ingest_group)

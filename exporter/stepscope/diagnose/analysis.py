@@ -69,15 +69,9 @@ class DiagnosisAnalysis(Analysis[Diagnosis]):
             if v.subject.rank is not None
         }
         books = self._ledger.update(
-            snapshot.part(INGEST_PART), snapshot.monotonic, snapshot.timestamp, kinds,
-            self._gone, self._started,
+            snapshot.part(INGEST_PART), snapshot.monotonic, kinds, self._gone
         )
         return replace(diag, goodput=books)
-
-    def _started(self, pid: int) -> float | None:
-        """When the process ``pid`` started, from the host source (Unix time)."""
-        readings = self._window.process_readings(pid)
-        return readings[-1].started if readings else None
 
     def reuse_for(self, snapshot: Snapshot) -> float:
         training = snapshot.part(INGEST_PART)

@@ -5,10 +5,19 @@ forgets it). The time before its first step (imports, model and checkpoint loadi
 NCCL set-up, compilation before the loop) is ``program_startup``; where the process
 cannot be seen (UDP, another PID namespace), the node did not see its first steps (its
 warm-up: an exporter started mid-run), or the process reported for another rank or job
-before, the hold starts at the first reported step's start. Every second held is booked
+before, the hold starts at the first step's start. Every second held is booked
 once, to productive step time (goodput) or to one cause of loss (badput), in GPU-seconds
 per job on the node, so a job's goodput and badput add up to the time its ranks held
 their GPUs.
+
+The bill is the exporter's clock; the senders' figures only split it. Both ends of a
+hold are the exporter's: its start is the process's start as /proc says for the pid the
+kernel named, or the first step's start as the ingest judged it
+(:attr:`~stepscope.ingest.aggregate.RankView.held_since`: never before the first
+datagram of a process it cannot see), and never before the end of the rank's previous
+hold on this node (a takeover, a rank forgotten and back); its end is a pass of the
+exporter's. So a job's books never exceed the wall time its ranks were held here,
+whatever the steps' ``t`` and ``dur`` say (tests/unit/diagnose/test_goodput_books.py).
 
 Each pass, the :class:`GoodputLedger` adds the time elapsed to each live rank's
 *pending* time (held, not yet explained) and books what the rank's counters explain
@@ -41,7 +50,7 @@ exporter's. docs/metrics.md#goodput-and-badput has the families.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -82,7 +91,8 @@ JOB_LINGER = 300.0
 # process exited, may be aggregated after the pass that saw the exit.
 END_GRACE = 1.0
 # The most time before a first step booked as its process's startup; a longer gap is
-# not believed (a pid read wrong), and the hold starts at the first step.
+# not believed (an exporter started long after the process), and the hold starts at
+# the first step.
 MAX_STARTUP = 6 * 3600.0
 
 _SPAN_INDEX = tuple(SPAN_CAUSES[name] for name in SPANS)
@@ -118,7 +128,10 @@ class _Book:
     """One rank's account: what it has explained so far, and what it holds unexplained."""
 
     created: float  # the ingest's incarnation of the rank (a restart makes a new one)
-    at: float  # monotonic time up to which held time is counted
+    at: float  # monotonic time up to which held time is counted (or its process's end)
+    # the latest time counted so far: time accrues from here (once, even after an end cut
+    # ``at`` back), and a later hold of the rank starts after it
+    reach: float
     seen: _Counters = _ZERO
     pending: float = 0.0
     kind: str = ""  # its latest verdict
@@ -155,17 +168,14 @@ def _explained(seen: _Counters, now: _Counters) -> tuple[_Counters, float]:
     return d, phases[0] + phases[1] + phases[2] + phases[3] + d.warmup
 
 
-def _startup(r: RankView, first_start: float, started: Callable[[int], float | None]) -> float:
-    """Seconds from the rank's process start to its first step's start (Unix times),
-    where the process is seen and so are its warm-up steps (steps this node did not see
-    would be counted as startup); 0 otherwise, or when the gap is not sane."""
-    pid = r.proc_pid
-    if not r.warmup_steps or not pid:
+def _startup(r: RankView, first_start: float, floor: float) -> float:
+    """Seconds from the rank's process start to ``first_start`` (monotonic), where the
+    kernel named the process and its warm-up steps were seen (steps this node did not
+    see would be counted as startup), and not before ``floor``; 0 otherwise, or when the
+    gap is not sane."""
+    if not r.warmup_steps or r.process_started is None:
         return 0.0
-    start = started(pid)
-    if start is None:
-        return 0.0
-    gap = first_start - start
+    gap = first_start - max(r.process_started, floor)
     return gap if 0.0 < gap <= MAX_STARTUP else 0.0
 
 
@@ -187,10 +197,6 @@ class _Pids:
                 del self._seen[old]
         self._seen[pid] = None
         return True
-
-
-def _no_start(pid: int) -> float | None:
-    return None
 
 
 def _book(job: _Job, d: _Counters, total: float, seconds: float, kind: str) -> None:
@@ -236,14 +242,11 @@ class GoodputLedger:
         self,
         training: TrainingView | None,
         now: float,
-        wall: float,
         kinds: Mapping[tuple[str, int], str],
         finished: Mapping[tuple[str, int], FinishedRank],
-        started: Callable[[int], float | None] = _no_start,
     ) -> tuple[JobGoodput, ...]:
-        """Fold in the pass at monotonic ``now`` (Unix time ``wall``): ``kinds``, each
-        rank's verdict kind; ``finished``, the ranks whose process has ended;
-        ``started``, when a pid's process started (Unix time), None if unknown. Returns
+        """Fold in the pass at monotonic ``now``: ``kinds``, each
+        rank's verdict kind; ``finished``, the ranks whose process has ended. Returns
         every job's books.
 
         A job first seen on this pass is served at zero and booked from the next: a
@@ -258,50 +261,60 @@ class GoodputLedger:
                 self._jobs[r.job] = _Job()
                 continue
             job.gone_since = None
-            self._update_rank(key, r, job, now, wall, kinds.get(key, ""), finished.get(key),
-                              started)  # fmt: skip
-        for key in [k for k in self._books if k not in present]:  # forgotten by the ingest
-            book = self._books.pop(key)
-            self._end(book, self._jobs[key[0]], now)
-        return self._views(now)
+            self._update_rank(key, r, job, now, kinds.get(key, ""), finished.get(key))
+        # forgotten by the ingest: ended, and kept while the job is (the end of its hold
+        # on this node, should the rank come back)
+        for key, book in self._books.items():
+            if key not in present and not book.ended:
+                self._end(book, self._jobs[key[0]], now)
+        return self._views(now, {job for job, _ in present})
 
     def _update_rank(
-        self, key: tuple[str, int], r: RankView, job: _Job, now: float, wall: float,
-        kind: str, mark: FinishedRank | None, started: Callable[[int], float | None],
+        self, key: tuple[str, int], r: RankView, job: _Job, now: float, kind: str,
+        mark: FinishedRank | None,
     ) -> None:  # fmt: skip
         book = self._books.get(key)
         if (book is not None and mark is None and book.steps == r.steps
                 and book.tail == r.tail_seconds and book.created == r.created
                 and not book.ended):
             # no step since the last pass: the time passed is held, unexplained yet
-            book.pending += now - book.at
-            book.at = now
+            book.pending += max(0.0, now - book.reach)
+            book.at = book.reach = now
             if kind:
                 book.kind = kind
             return
         counters = _Counters.of(r)
-        if book is not None and book.created != r.created:  # a restart took the rank over
-            self._end(book, job, book.at)
+        # no hold of this rank starts before its last one here ended
+        floor = float("-inf")
+        if book is not None and book.created != r.created:  # a new process: a restart, or
+            self._end(book, job, book.at)  # the rank forgotten and back
+            floor = book.reach
             book = None
         fresh = book is None or (book.ended and mark is None)  # new, or stepping again
         new = book is None
         if book is None:
-            book = self._books[key] = _Book(r.created, now)
+            book = self._books[key] = _Book(r.created, now, now)
         if book.ended and mark is not None:
             book.seen = counters  # ended: nothing more is held
             book.steps, book.tail = r.steps, r.tail_seconds
             return
         d, total = _explained(book.seen, counters)
-        if fresh:  # held from its first reported step's start: those steps, and since
+        if fresh:  # held from its first step's start, on the exporter's clock
+            if new:
+                since = max(min(r.held_since, now), floor)
+                if self._pids.first(r.proc_pid):  # and since its process started
+                    startup = _startup(r, since, floor)
+                    job.add("program_startup", startup)
+            else:  # stepping again since it ended: the steps' time, none before the end
+                since = max(book.reach, now - total)
             book.ended = False
-            book.at = now
-            book.pending = total + max(0.0, wall - r.last_step_timestamp)
-            if new and self._pids.first(r.proc_pid):  # and since its process started
-                job.add("program_startup", _startup(r, wall - book.pending, started))
+            book.at = book.reach = now
+            book.pending = now - since
         else:
             until = now if mark is None else max(book.at, mark.held_until)
-            book.pending += until - book.at
+            book.pending += max(0.0, until - book.reach)
             book.at = until
+            book.reach = max(book.reach, until)
         if kind:
             book.kind = kind
         booked = min(total, book.pending)
@@ -322,12 +335,14 @@ class GoodputLedger:
         the GPU's fault)."""
         if book.ended:
             return
-        book.pending += max(0.0, until - book.at)
+        book.pending += max(0.0, until - book.reach)
         job.add("hardware_fault" if book.kind == FAULT_KIND else "idle", book.pending)
         book.pending = 0.0
         book.ended = True
+        book.at = max(book.at, until)
+        book.reach = max(book.reach, until)
 
-    def _views(self, now: float) -> tuple[JobGoodput, ...]:
+    def _views(self, now: float, present: set[str]) -> tuple[JobGoodput, ...]:
         pending: dict[str, float] = {}
         live: dict[str, int] = {}
         for (name, _), book in self._books.items():
@@ -336,11 +351,13 @@ class GoodputLedger:
         out = []
         for name in sorted(self._jobs):
             job = self._jobs[name]
-            if name not in live:
+            if name not in present:  # no rank of it in the ingest
                 if job.gone_since is None:
                     job.gone_since = now
                 elif now - job.gone_since >= JOB_LINGER:
                     del self._jobs[name]
+                    for key in [k for k in self._books if k[0] == name]:
+                        del self._books[key]
                     continue
             badput = tuple((cause, job.badput.get(cause, 0.0)) for cause in BADPUT_TYPES)
             out.append(JobGoodput(name, job.goodput, badput, pending.get(name, 0.0),

@@ -30,6 +30,15 @@ A uid holds at most half of ``max_jobs`` while other uids report (``cap_uid``), 
 gives back its least recently active job beyond that share when another uid needs a
 slot: nobody squats every job slot. UDP carries no sender: all of it is one
 unauthenticated principal (``sender=None``).
+
+A step's end time and duration are the sender's clock; the exporter judges them against
+its own (docs/ingest.md#clamped-steps): a step that ends after it was received, or long
+before its rank's previous step or its own receipt, ends at its receipt instead
+(``clock_ahead``, ``clock_behind``); one longer than the exporter has seen its rank (since
+its process started, as /proc says for the pid the kernel named, else since its first
+datagram) is cut to that time, its phases in proportion (``longer_than_seen``). Each is
+counted by reason and the step accepted. The hold a rank's GPU is billed for
+(:attr:`RankView.held_since`, the goodput ledger's start) comes from the same judgement.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ from stepscope.core.source import PartKey
 from stepscope.ingest.native import NativeCounts
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS, PeakTable
 from stepscope.shared.datagram import (
+    CLAMP_REASONS,
     DEFAULT_PRECISION,
     REJECT_REASONS,
     SPANS,
@@ -69,8 +79,32 @@ from stepscope.shared.datagram import (
 # that reads buckets sums a job's ranks (docs/metrics.md#what-each-family-costs-per-node),
 # so all 16 bounds cost 19 series a job instead of 19 a rank.
 STEP_BUCKETS: tuple[float, ...] = (
-    0.01, 0.025, 0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.2,
+    0.35,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
 )
+
+# One host, one CLOCK_REALTIME: an honest step ends before the exporter receives it, a
+# flush or two of the SDK's sender (50 ms each) later. A step past its receipt by more than
+# this, or ending this much before its rank's previous one, is on a wrong (or lying) clock.
+CLOCK_SLACK = 2.0
+# An honest step is received within about a second of its end (the SDK drops what an
+# absent exporter cannot take, it does not keep it); one received later than this ended
+# on a clock that is behind.
+MAX_LATE = 60.0
 
 # How often a cap hit may trigger an expiry scan (a flood of new ranks beyond the cap
 # must not cost O(ranks) per datagram).
@@ -192,6 +226,13 @@ class RankView(NamedTuple):
     # ``tail_spans`` splits them by SPANS (None: never sent)
     tail_seconds: float = 0.0
     tail_spans: tuple[float, ...] | None = None
+    # when the rank's process started (monotonic), read from /proc at its first step for
+    # the pid the kernel named; None: not seen (UDP, another PID namespace, unreadable)
+    process_started: float | None = None
+    # its first step's start on the exporter's clock (monotonic): the first receipt less
+    # that step's duration as judged; a step of a process not seen is not believed
+    # before its receipt (the goodput ledger's hold starts here)
+    held_since: float = 0.0
 
     @property
     def proc_pid(self) -> int | None:
@@ -225,6 +266,8 @@ class TrainingView:
     jobs: tuple[JobView, ...] = ()
     # datagrams the kernel dropped on the socket (receive buffer full); None: not exposed
     kernel_dropped: int | None = None
+    # steps accepted with their time judged down, by CLAMP_REASONS
+    clamped: Mapping[str, int] = field(default_factory=dict)
 
     @cached_property
     def by_key(self) -> Mapping[tuple[str, int], RankView]:
@@ -298,6 +341,9 @@ class _RankState:
     # steps numbered up to this one redo what a restart lost (-1: not a restart)
     resume_until: int = -1
     created: float = 0.0
+    # the hold's start on the exporter's clock (RankView.process_started, .held_since)
+    started: float | None = None
+    first_start: float = 0.0
     # (second, flops, first start, last end) per whole second of receive time: the
     # current second a list, updated in place; a complete one a tuple, which the garbage
     # collector stops tracking (at 512 ranks, ~16,000 objects fewer in each collection)
@@ -321,7 +367,8 @@ class _RankState:
 
     def observe(self, rec: StepRecord, now: float, window: float) -> None:
         self.last_seen = now
-        self.dropped = rec.dropped
+        if rec.dropped > self.dropped:  # the SDK's count only grows: a counter never falls
+            self.dropped = rec.dropped
         if rec.nccl_transport is not None:  # a datagram without it says nothing new
             self.nccl_transport = rec.nccl_transport
         if rec.tail:  # not a step: named time after the last one
@@ -461,6 +508,8 @@ class _RankState:
             self.created,
             self.tail,
             tuple(self.tail_spans) if self.tail_spans is not None else None,
+            self.started,
+            self.first_start,
         )
 
 
@@ -507,7 +556,10 @@ def _new_rank(
 class Aggregator:
     """Every live rank's accumulators and the ingest counters, behind one lock.
 
-    ``clock`` is monotonic seconds (receive time, expiry and the MFU window).
+    ``clock`` is monotonic seconds (receive time, expiry and the MFU window);
+    ``wall_clock`` Unix time, to judge the steps' end times by. ``process_started``: when
+    the process of a kernel pid started (Unix time; None: unknown), read once per rank
+    process at its first step.
     """
 
     def __init__(
@@ -516,9 +568,13 @@ class Aggregator:
         clock: Callable[[], float] = time.monotonic,
         process_exited: Callable[[int, ProcessStamp | None], bool] | None = None,
         process_stamp: Callable[[int], ProcessStamp | None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        process_started: Callable[[int], float | None] | None = None,
     ) -> None:
         self._settings = settings or TrainingSettings()
         self._clock = clock
+        self._wall = wall_clock
+        self._process_started = process_started or (lambda pid: None)
         # whether the process of a kernel pid, first seen as a stamp, has exited, and
         # the stamp of a live one (both read /proc: stepscope.core.procfs); without them
         # a rank is never taken over before it expires
@@ -532,6 +588,7 @@ class Aggregator:
         self._jobs_per_uid: dict[int | None, int] = {}
         self._accepted = 0
         self._rejected = dict.fromkeys(REJECT_REASONS, 0)
+        self._clamped = dict.fromkeys(CLAMP_REASONS, 0)
         self._drop_counter: Callable[[], int | None] | None = None
         self._listening: str | None = None
         self._last_scan = float("-inf")
@@ -571,6 +628,7 @@ class Aggregator:
         sender's, the rank's identity labels changed, or a cap is reached.
         """
         now = self._clock()
+        wall = self._wall()
         settings = self._settings
         uid = sender.uid if sender is not None else None
         kpid = sender.pid if sender is not None else 0
@@ -597,9 +655,58 @@ class Aggregator:
             elif not state.same_identity(rec):
                 self._rejected["identity_changed"] += 1
                 return "identity_changed"
+            rec = self._judge(state, rec, now, wall, kpid)
             state.observe(rec, now, settings.mfu_window)
             self._accepted += 1
         return None
+
+    def _judge(
+        self, state: _RankState, rec: StepRecord, now: float, wall: float, kpid: int
+    ) -> StepRecord:
+        """``rec`` as the exporter's clocks allow, each change counted by its reason
+        (CLAMP_REASONS); at a rank process's first step, when its hold started.
+
+        The end (``t``) must lie between the rank's previous step's end and the receipt
+        (``wall``), give or take :data:`CLOCK_SLACK`, and at most :data:`MAX_LATE` before
+        the receipt; else it is the receipt. The duration must fit in the time since the
+        process started (/proc, for the pid the kernel named) or, where the process is not
+        seen, since the rank's first datagram; else it is cut to that, phases and spans in
+        proportion. A first step of an unseen process has nothing to be judged against:
+        its counters keep it, but its hold starts at its receipt."""
+        first = state.steps == 0
+        if first and kpid:
+            state.started = self._started_at(kpid, now, wall)
+        t, dur = rec.t, rec.dur
+        if t > wall + CLOCK_SLACK:
+            t = wall
+            self._clamped["clock_ahead"] += 1
+        elif t < wall - MAX_LATE or (not first and t < state.last_t - CLOCK_SLACK):
+            t = wall
+            self._clamped["clock_behind"] += 1
+        since = state.started
+        if since is None and not first:
+            since = state.created
+        if since is not None and dur > now - since + CLOCK_SLACK:
+            dur = max(0.0, now - since)
+            self._clamped["longer_than_seen"] += 1
+        if first:  # never before its process started, slack or not
+            state.first_start = now if state.started is None else max(now - dur, state.started)
+        if dur == rec.dur:
+            return rec if t == rec.t else rec._replace(t=t)
+        f = dur / rec.dur
+        spans = tuple(v * f for v in rec.spans) if rec.spans is not None else None
+        return rec._replace(
+            t=t, dur=dur, data_wait=rec.data_wait * f, compute=rec.compute * f,
+            comm=rec.comm * f, other=rec.other * f, spans=spans,
+        )  # fmt: skip
+
+    def _started_at(self, kpid: int, now: float, wall: float) -> float | None:
+        """When the process of kernel pid ``kpid`` started, on the monotonic clock; None
+        where /proc does not say, or says a time to come."""
+        start = self._process_started(kpid)
+        if start is None or not math.isfinite(start) or start > wall:
+            return None
+        return now - (wall - start)
 
     def _taken_over(self, state: _RankState, uid: int | None, kpid: int) -> bool:
         """A restart: the same user's new process reports a rank whose process exited.
@@ -702,7 +809,11 @@ class Aggregator:
             "evicted_job", logging.WARNING,
             "ingest: job %r of uid %s forgotten: that uid held %d job slots, more than its "
             "share of %d, and uid %s needed one (docs/ingest.md#caps-and-expiry)",
-            job, victim, self._jobs_per_uid.get(victim, 0) + 1, share, uid,
+            job,
+            victim,
+            self._jobs_per_uid.get(victim, 0) + 1,
+            share,
+            uid,
         )
         return True
 
@@ -737,6 +848,7 @@ class Aggregator:
             jobs = tuple(self._jobs[job].view(job) for job in sorted(self._jobs))
             accepted = self._accepted
             rejected = MappingProxyType(dict(self._rejected))
+            clamped = MappingProxyType(dict(self._clamped))
         return TrainingView(
             ingest_up=self._listening is not None,
             accepted=accepted,
@@ -745,6 +857,7 @@ class Aggregator:
             settings=settings,
             jobs=jobs,
             kernel_dropped=dropped,
+            clamped=clamped,
         )
 
 

@@ -33,9 +33,7 @@ _SPAN = tuple(label_string((("span", s),)) for s in SPANS)
 _REPORTED = " Reported by the training ranks, aggregated by the exporter; warm-up steps excluded."
 
 
-def peak_flops_families(
-    view: TrainingView, labels: LabelSchema, peaks: PeakTable
-) -> list[Family]:
+def peak_flops_families(view: TrainingView, labels: LabelSchema, peaks: PeakTable) -> list[Family]:
     """``stepscope_gpu_peak_flops{precision}`` for each GPU a rank reported, at the
     precisions its ranks train in, where the model is in the table.
 
@@ -234,13 +232,23 @@ def ingest_families(view: TrainingView) -> list[Family]:
     )
     for reason, count in view.rejected.items():
         rejected.add(label_string((("reason", reason),)), float(count))
+    clamped = Family(
+        "stepscope_ingest_clamped_total",
+        COUNTER,
+        "Step datagrams accepted with their time judged down by the exporter's own clock, "
+        "by reason: clock_ahead, clock_behind (the end set to the receive time), "
+        "longer_than_seen (the duration cut to the time the rank was seen; see "
+        "docs/ingest.md).",
+    )
+    for reason, count in view.clamped.items():
+        clamped.add(label_string((("reason", reason),)), float(count))
     ranks = Family.single(
         "stepscope_training_ranks",
         GAUGE,
         "Training ranks tracked on this node (ranks silent for rank_expiry are dropped).",
         float(len(view.ranks)),
     )
-    families = [up, accepted, rejected, ranks]
+    families = [up, accepted, rejected, clamped, ranks]
     if view.kernel_dropped is not None:  # absent where the kernel does not count them
         families.append(
             Family.single(

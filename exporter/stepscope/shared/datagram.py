@@ -176,9 +176,7 @@ def parse_ingest_url(url: str) -> IngestAddress:
     if not sep or scheme not in ("unix", "udp"):
         raise IngestURLError(f"{_URL_FORMS} (the scheme must be unix:// or udp://)")
     if "?" in rest or "#" in rest:
-        raise IngestURLError(
-            f"an ingest URL takes no query or fragment ('?' or '#'); {_URL_FORMS}"
-        )
+        raise IngestURLError(f"an ingest URL takes no query or fragment ('?' or '#'); {_URL_FORMS}")
     if scheme == "unix":
         return IngestAddress(socket.AF_UNIX, _unix_path(rest), text)
     return _udp(rest, text)
@@ -201,8 +199,7 @@ def _unix_path(rest: str) -> str:
     size = len(rest.encode("utf-8", "surrogateescape"))
     if size > MAX_UNIX_PATH_BYTES:
         raise IngestURLError(
-            f"the socket path is {size} bytes; a Unix socket path has at most "
-            f"{MAX_UNIX_PATH_BYTES}"
+            f"the socket path is {size} bytes; a Unix socket path has at most {MAX_UNIX_PATH_BYTES}"
         )
     return rest
 
@@ -256,6 +253,17 @@ REJECT_REASONS: tuple[str, ...] = (
     "cap_uid",  # a new job of a uid holding its share of max_jobs while other uids report
     "cap_ranks",  # a new rank beyond max_ranks_per_job for its job
     "internal",  # the exporter failed to process it (a bug; logged)
+)
+
+# Why a step was accepted with its time changed: its end or its duration is judged
+# against the exporter's own clocks (stepscope.ingest.aggregate), never believed as sent.
+# Counted in stepscope_ingest_clamped_total{reason}; the step counts as accepted.
+CLAMP_REASONS: tuple[str, ...] = (
+    "clock_ahead",  # it ended after the exporter received it: its end is the receive time
+    "clock_behind",  # it ended long before its rank's previous step, or long before it was
+    # received: its end is the receive time
+    "longer_than_seen",  # longer than the exporter has seen its rank (since its process
+    # started, read from /proc, or since its first datagram): cut to that, phases in proportion
 )
 
 DEFAULT_PRECISION = "bf16"
@@ -579,9 +587,7 @@ class StepEncoder:
         """
         step, warm, t, dur, data, compute, comm, tokens, flops, spans = record
         # names are SDK-checked identifiers: "spans" is plain JSON without escaping
-        named = (
-            ',"spans":{' + ",".join(f'"{n}":{v:.6f}' for n, v in spans) + "}" if spans else ""
-        )
+        named = ',"spans":{' + ",".join(f'"{n}":{v:.6f}' for n, v in spans) + "}" if spans else ""
         return (
             f'{self.prefix}"step":{step},"warmup":{"true" if warm else "false"},'
             f'"t":{t:.6f},"dur":{dur:.9f},"data":{data:.9f},"compute":{compute:.9f},'

@@ -19,9 +19,24 @@ OWNER = Sender(1000, 1000, 100)
 
 def record(step: int, t: float, **changes: Any) -> StepRecord:
     fields: dict[str, Any] = dict(
-        job="llama", rank=0, local_rank=0, step=step, t=t, dur=1.0, data_wait=0.1,
-        compute=0.7, comm=0.1, other=0.1, warmup=False, tokens=100, flops=1e12,
-        precision="bf16", world_size=1, pid=100, uuid="GPU-a", dropped=0,
+        job="llama",
+        rank=0,
+        local_rank=0,
+        step=step,
+        t=t,
+        dur=1.0,
+        data_wait=0.1,
+        compute=0.7,
+        comm=0.1,
+        other=0.1,
+        warmup=False,
+        tokens=100,
+        flops=1e12,
+        precision="bf16",
+        world_size=1,
+        pid=100,
+        uuid="GPU-a",
+        dropped=0,
     )
     fields.update(changes)
     return StepRecord(**fields)
@@ -33,14 +48,17 @@ class Run:
     def __init__(self, exited: set[int] | None = None) -> None:
         self.clock = ManualClock(5000.0)
         self.exited = exited if exited is not None else set()
+        # pid -> when its process started (/proc); the owner's, as its first step starts
+        self.started: dict[int, float] = {OWNER.pid: self.clock()}
+        # one clock for receipt and wall time: steps are received as they end
         self.agg = Aggregator(
-            clock=self.clock, process_exited=lambda pid, _stamp: pid in self.exited
+            clock=self.clock, process_exited=lambda pid, _stamp: pid in self.exited,
+            wall_clock=self.clock, process_started=self.started.get,
         )
         self.ledger = GoodputLedger()
         self.kinds: dict[tuple[str, int], str] = {}
         self.finished: dict[tuple[str, int], FinishedRank] = {}
         self.books: tuple[JobGoodput, ...] = ()
-        self.started: dict[int, float] = {}  # pid -> when its process started (host source)
 
     def step(self, step: int, sender: Sender = OWNER, **changes: Any) -> None:
         dur = changes.get("dur", 1.0)
@@ -48,9 +66,8 @@ class Run:
         assert self.agg.add(record(step, self.clock(), **changes), sender) is None
 
     def tick(self) -> JobGoodput:
-        self.books = self.ledger.update(
-            self.agg.view(), self.clock(), self.clock(), self.kinds, self.finished,
-            self.started.get)
+        self.books = self.ledger.update(self.agg.view(), self.clock(), self.kinds,
+                                        self.finished)  # fmt: skip
         (job,) = self.books
         return job
 
@@ -70,7 +87,8 @@ def test_a_healthy_rank_books_its_phases_and_adds_up_to_the_time_held() -> None:
         job = run.tick()
     assert job.goodput == pytest.approx(70.0)
     assert causes(job) == pytest.approx(
-        {"data_loading_sync": 10.0, "exposed_communication": 10.0, "other": 10.0})
+        {"data_loading_sync": 10.0, "exposed_communication": 10.0, "other": 10.0}
+    )
     assert job.held == pytest.approx(100.0)  # 100 steps of 1 s, from the first one's start
     assert job.pending == pytest.approx(0.0, abs=1e-9)
     assert job.ranks == 1
@@ -95,8 +113,9 @@ def test_time_between_reports_is_pending_until_a_step_explains_it() -> None:
     assert "idle" not in causes(job)
 
 
-@pytest.mark.parametrize(("kind", "cause"), [("host_bound", "host_bound"),
-                                             ("transfer_bound", "transfer_bound")])
+@pytest.mark.parametrize(
+    ("kind", "cause"), [("host_bound", "host_bound"), ("transfer_bound", "transfer_bound")]
+)
 def test_the_step_body_of_a_host_or_transfer_bound_rank_is_badput(kind: str, cause: str) -> None:
     run = Run()
     run.kinds[("llama", 0)] = kind
@@ -137,33 +156,60 @@ def test_the_time_from_the_process_start_to_its_first_step_is_program_startup() 
 
 
 @pytest.mark.parametrize(
-    ("started", "warmup", "why"),
-    [(None, True, "the process is not seen (UDP, another PID namespace)"),
-     (-45.0, False, "no warm-up seen: the node may have missed the first steps"),
-     (-7 * 3600.0, True, "a gap longer than MAX_STARTUP is not believed"),
-     (+3.0, True, "a start after the first step: another process's pid")],
+    ("started", "warmup", "held", "why"),
+    [
+        (-45.0, False, 11.0, "no warm-up seen: the node may have missed the first steps"),
+        (-7 * 3600.0, True, 11.0, "a gap longer than MAX_STARTUP is not believed"),
+    ],
 )
 def test_the_hold_starts_at_the_first_step_where_the_start_cannot_be_trusted(
-    started: float | None, warmup: bool, why: str
+    started: float, warmup: bool, held: float, why: str
 ) -> None:
     run = Run()
-    if started is not None:
-        run.started[100] = run.clock() + started
+    run.started[100] = run.clock() + started
     run.step(0, warmup=warmup)
     run.tick()
     for i in range(1, 11):
         run.step(i)
         job = run.tick()
-    assert job.held == pytest.approx(11.0), why  # from the first step's start
+    assert job.held == pytest.approx(held), why  # from the first step's start
     assert causes(job).get("program_startup", 0.0) == pytest.approx(1.0 if warmup else 0.0)
+
+
+@pytest.mark.parametrize(
+    ("started", "why"),
+    [
+        (None, "the process is not seen (UDP, another PID namespace)"),
+        (+3.0, "/proc says it started after its first step: not believed"),
+    ],
+)
+def test_the_hold_of_a_process_not_seen_starts_at_its_first_receipt(
+    started: float | None, why: str
+) -> None:
+    """The exporter's clock is the bill: a first step it cannot judge (no process start
+    to hold it against) is not billed before the exporter received it. Its claimed second
+    is a split of the time the exporter saw, not added to it."""
+    run = Run()
+    del run.started[100]
+    if started is not None:
+        run.started[100] = run.clock() + started
+    run.step(0, warmup=True)
+    run.tick()
+    for i in range(1, 11):
+        run.step(i)
+        job = run.tick()
+    assert job.held == pytest.approx(10.0), why  # from the first step's receipt
+    # the second step's pass split its 1 s over the warm-up and the step claimed in it
+    assert causes(job)["program_startup"] == pytest.approx(0.5)
 
 
 def test_a_rank_in_another_pod_is_read_by_the_pid_the_kernel_names() -> None:
     """A rank in another pod reports its own namespace's pid (here 100; often 1). With the
     exporter in the host's PID namespace (hostPID) the kernel names its host pid, whose
     /proc entry is the rank's; without, the kernel names none, and /proc/100 here is
-    another process (the exporter's own pod's), whose start says nothing of the rank's."""
-    for kernel_pid, startup in ((54321, 45.0 + 1.0), (0, 1.0)):
+    another process (the exporter's own pod's), whose start says nothing of the rank's:
+    the hold starts at the first receipt."""
+    for kernel_pid, startup, held in ((54321, 45.0 + 1.0, 10.0 + 46.0), (0, 0.5, 10.0)):
         run = Run()
         run.started[100] = run.clock() - 3 * 3600.0  # another process, here
         run.started[54321] = run.clock() - 45.0
@@ -174,7 +220,7 @@ def test_a_rank_in_another_pod_is_read_by_the_pid_the_kernel_names() -> None:
             run.step(i, sender=sender)
             job = run.tick()
         assert causes(job)["program_startup"] == pytest.approx(startup), kernel_pid
-        assert job.held == pytest.approx(10.0 + startup)
+        assert job.held == pytest.approx(held)
 
 
 def test_a_process_that_reports_a_second_job_books_no_startup_for_it() -> None:
@@ -189,8 +235,7 @@ def test_a_process_that_reports_a_second_job_books_no_startup_for_it() -> None:
     assert causes(first)["program_startup"] == pytest.approx(21.0)
     for i in range(2):
         run.step(i, job="finetune", warmup=i == 0)
-        run.books = run.ledger.update(run.agg.view(), run.clock(), run.clock(), run.kinds,
-                                      run.finished, run.started.get)  # fmt: skip
+        run.books = run.ledger.update(run.agg.view(), run.clock(), run.kinds, run.finished)
     (second,) = [j for j in run.books if j.job == "finetune"]
     assert causes(second).get("program_startup", 0.0) == pytest.approx(1.0)  # its warm-up
 
@@ -342,6 +387,7 @@ def test_a_restart_redoes_lost_steps_as_wasted_progress() -> None:
     run.clock.t += 5.0
     run.tick()
     new = Sender(1000, 1000, 200)
+    run.started[200] = run.clock()  # it starts now, and steps at once
     run.step(81, sender=new, pid=200, warmup=True, dur=10.0)
     job = run.tick()
     assert causes(job)["idle"] == pytest.approx(5.0)  # the old rank's end, unexplained
@@ -380,9 +426,9 @@ def test_a_forgotten_job_lingers_then_goes() -> None:
     assert causes(job)["idle"] == pytest.approx(301.0)  # held, silent, then forgotten
     assert job.ranks == 0
     run.clock.t += 299.0
-    assert run.ledger.update(run.agg.view(), run.clock(), run.clock(), {}, {}) != ()
+    assert run.ledger.update(run.agg.view(), run.clock(), {}, {}) != ()
     run.clock.t += 2.0
-    assert run.ledger.update(run.agg.view(), run.clock(), run.clock(), {}, {}) == ()
+    assert run.ledger.update(run.agg.view(), run.clock(), {}, {}) == ()
 
 
 def test_every_cause_is_named_once_and_every_span_has_one() -> None:

@@ -15,17 +15,36 @@ from tests.support.clocks import ManualClock
 
 def record(**changes: Any) -> StepRecord:
     fields: dict[str, Any] = dict(
-        job="job", rank=0, local_rank=0, step=0, t=1000.0, dur=1.0, data_wait=0.2,
-        compute=0.5, comm=0.2, other=0.1, warmup=False, tokens=100, flops=1e12,
-        precision="bf16", world_size=2, pid=7, uuid="GPU-a", dropped=0,
+        job="job",
+        rank=0,
+        local_rank=0,
+        step=0,
+        t=1000.0,
+        dur=1.0,
+        data_wait=0.2,
+        compute=0.5,
+        comm=0.2,
+        other=0.1,
+        warmup=False,
+        tokens=100,
+        flops=1e12,
+        precision="bf16",
+        world_size=2,
+        pid=7,
+        uuid="GPU-a",
+        dropped=0,
     )
     fields.update(changes)
     return StepRecord(**fields)
 
 
 def make(**settings: Any) -> tuple[Aggregator, ManualClock]:
+    """An aggregator on a manual clock; its wall clock reads 1010.0 at first, so steps
+    ending at t = 1000-1010 were received a few seconds after they ended."""
     clock = ManualClock(5000.0)
-    return Aggregator(TrainingSettings(**settings), clock=clock), clock
+    agg = Aggregator(TrainingSettings(**settings), clock=clock,
+                     wall_clock=lambda: clock.t - 3990.0)  # fmt: skip
+    return agg, clock
 
 
 def test_counters_sum_phases_tokens_and_flops_of_measured_steps() -> None:
@@ -44,8 +63,11 @@ def test_counters_sum_phases_tokens_and_flops_of_measured_steps() -> None:
 
 def test_warmup_steps_count_as_steps_but_not_in_time_phases_tokens_flops_or_mfu() -> None:
     agg, _ = make()
-    agg.add(record(step=0, warmup=True, dur=30.0, data_wait=0.0, compute=30.0, comm=0.0,
-                   other=0.0, t=990.0))
+    agg.add(
+        record(
+            step=0, warmup=True, dur=30.0, data_wait=0.0, compute=30.0, comm=0.0, other=0.0, t=990.0
+        )
+    )
     (r,) = agg.view().ranks
     assert (r.steps, r.warmup_steps) == (1, 1)
     assert r.step_seconds_sum == 0 and sum(r.bucket_counts) == 0
@@ -59,9 +81,12 @@ def test_warmup_steps_count_as_steps_but_not_in_time_phases_tokens_flops_or_mfu(
 
 
 def test_histogram_buckets_are_upper_inclusive_with_overflow_in_inf() -> None:
-    agg, _ = make()
+    agg, clock = make()
     for dur in (0.005, 0.01, 0.011, 1.0, 119.0, 500.0):
-        agg.add(record(dur=dur, data_wait=0.0, compute=0.0, comm=0.0, other=dur))
+        clock.t += dur  # each received as it ends
+        agg.add(
+            record(t=clock.t - 3990.0, dur=dur, data_wait=0.0, compute=0.0, comm=0.0, other=dur)
+        )
     (r,) = agg.view().ranks
     counts = dict(zip([*STEP_BUCKETS, float("inf")], r.bucket_counts, strict=True))
     assert counts[0.01] == 2  # 0.005 and exactly 0.01 (le is inclusive)
@@ -166,7 +191,11 @@ def test_identity_labels_are_fixed_by_the_first_datagram_and_changes_are_rejecte
     agg, _ = make()
     agg.add(record(local_rank=0, pid=1, dropped=3, precision="bf16"))
     changes: list[dict[str, Any]] = [
-        {"local_rank": 1}, {"pid": 2}, {"world_size": 4}, {"uuid": "GPU-b"}, {"uuid": None},
+        {"local_rank": 1},
+        {"pid": 2},
+        {"world_size": 4},
+        {"uuid": "GPU-b"},
+        {"uuid": None},
         {"precision": "fp8"},
     ]
     for change in changes:
@@ -195,8 +224,13 @@ def test_a_job_belongs_to_the_uid_of_its_first_rank() -> None:
     root, nobody = Sender(0, 0, 100), Sender(65534, 65534, 200)
     assert agg.add(record(rank=0, t=1000.0, dur=1.0), root) is None
     # forged steps for the owner's rank, and a forged extra rank of its job
-    assert agg.add(record(rank=0, dur=80000.0, data_wait=80000.0, compute=0.0, comm=0.0,
-                          other=0.0, pid=7), nobody) == "not_owner"
+    assert (
+        agg.add(
+            record(rank=0, dur=80000.0, data_wait=80000.0, compute=0.0, comm=0.0, other=0.0, pid=7),
+            nobody,
+        )
+        == "not_owner"
+    )
     assert agg.add(record(rank=1), nobody) == "not_owner"
     view = agg.view()
     (r,) = view.ranks
@@ -321,9 +355,14 @@ def test_achieved_flops_kept_incrementally_equal_the_window_recounted(seed: int)
 
     rng = random.Random(seed)
     window = 7.0
-    agg, clock = make(mfu_window=window, rank_expiry=1e6)
-    received: list[tuple[float, float, float, float]] = []  # (second, flops, start, end)
+    clock = ManualClock(5000.0)
     t = 1000.0
+    # the steps end as the exporter's wall clock says (this test is not about clocks)
+    agg = Aggregator(TrainingSettings(mfu_window=window, rank_expiry=1e6), clock=clock,
+                     wall_clock=lambda: t)  # fmt: skip
+    agg.add(record(t=t, warmup=True))  # first seen 10 s before: no step is longer than that
+    clock.t += 10.0
+    received: list[tuple[float, float, float, float]] = []  # (second, flops, start, end)
     for _ in range(1500):
         clock.t += rng.choice([0.01, 0.2, 0.7, 1.0, 3.0]) if rng.random() < 0.97 else 12.0
         t += rng.uniform(0.0, 0.5)
