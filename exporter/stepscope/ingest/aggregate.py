@@ -689,8 +689,10 @@ class Aggregator:
         if since is not None and dur > now - since + CLOCK_SLACK:
             dur = max(0.0, now - since)
             self._clamped["longer_than_seen"] += 1
-        if first:  # never before its process started, slack or not
-            state.first_start = now if state.started is None else max(now - dur, state.started)
+        if first:  # from its end as judged (steps may come in slices), never before its
+            # process started, slack or not
+            end = now - max(0.0, wall - t)
+            state.first_start = now if state.started is None else max(end - dur, state.started)
         if dur == rec.dur:
             return rec if t == rec.t else rec._replace(t=t)
         f = dur / rec.dur
