@@ -6,8 +6,20 @@
 #   docker build -t stepscope .     # or buildah bud --format docker (keeps the HEALTHCHECK)
 #   docker run --rm --runtime nvidia -p 9400:9400 -v /run/stepscope:/run/stepscope stepscope
 #   docker run --rm -p 9400:9400 stepscope serve --simulate 4     # anywhere, no GPU
-# Building and pushing for the chart: docs/deploy/eks.md. tests/deploy/test_image.py builds
-# this file as it is (only PYTHON_IMAGE overridden) and runs it.
+#
+# Offline, with no registry and no package index at build time: the base is an image
+# already on this machine with Python 3.11 (PYTHON_IMAGE), and the packages come from a
+# wheelhouse in the build context (WHEELHOUSE), made beforehand where PyPI is reachable by
+# the script that makes the ParallelCluster release (same wheels as the nodes install):
+#   deploy/parallelcluster/build-wheelhouse.sh --extras auth,kubernetes dist/release 3.11
+# then one of (BASE: a local image with python3 3.11 and python3-venv, e.g. a saved
+# python:3.11-slim-bookworm loaded with `docker load`):
+#   buildah bud --format docker --pull=never --build-arg PYTHON_IMAGE=BASE --build-arg WHEELHOUSE=dist/release/wheelhouse -t stepscope .
+#   podman build --format docker --pull=never --build-arg PYTHON_IMAGE=BASE --build-arg WHEELHOUSE=dist/release/wheelhouse -t stepscope .
+#   docker build --pull=false --build-arg PYTHON_IMAGE=BASE --build-arg WHEELHOUSE=dist/release/wheelhouse -t stepscope .
+# tests/deploy/test_image.py runs the buildah line as written (BASE: a Debian bookworm
+# root it makes with mmdebstrap) and runs the image. Building and pushing for the chart:
+# docs/deploy/eks.md.
 
 # Pinned by digest, so every build starts from the same bytes whatever the tag points at
 # later; the tag is kept for people. Both stages must use the same Python (the venv links
@@ -29,8 +41,19 @@ COPY exporter/ exporter/
 # (IMDSv2) needs no AWS SDK; `stepscope discover` (boto3, the aws extra) runs where
 # Prometheus is, not on the GPU node: --build-arg EXTRAS=auth,aws adds it.
 ARG EXTRAS="auth,kubernetes"
+# A directory of the build context holding the wheels (build-wheelhouse.sh's OUT/wheelhouse,
+# built with the same EXTRAS): the stepscope wheel and its dependencies come from it, no
+# index is asked. Empty: this source, with its dependencies from PyPI. Either way it stays
+# in this stage: the runtime image has the venv only.
+ARG WHEELHOUSE=""
+COPY ${WHEELHOUSE:-LICENSE} /wheelhouse/
 # Then the venv's own pip and setuptools go: nothing in the image installs packages.
-RUN /opt/stepscope/bin/pip install --no-compile ".${EXTRAS:+[$EXTRAS]}" \
+RUN if [ -n "$WHEELHOUSE" ]; then \
+        set -- --no-index --find-links /wheelhouse "stepscope${EXTRAS:+[$EXTRAS]}"; \
+    else \
+        set -- ".${EXTRAS:+[$EXTRAS]}"; \
+    fi \
+    && /opt/stepscope/bin/pip install --no-compile "$@" \
     && /opt/stepscope/bin/python -m pip uninstall -q -y pip setuptools \
     && /opt/stepscope/bin/python -m compileall -q /opt/stepscope/lib
 

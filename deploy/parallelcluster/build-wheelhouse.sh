@@ -13,8 +13,10 @@
 # wheelhouse/: the stepscope wheel built from this checkout, binary wheels of every
 # dependency for each PYTHON_VERSION (default: 3.10 3.11 3.12, the Pythons of Ubuntu
 # 22.04, the python3.11 package of Amazon Linux 2023 / RHEL / Rocky, Ubuntu 24.04) on
-# x86_64 and aarch64 (glibc >= 2.28: every supported image), and pip's wheel, which the
-# nodes run pip from. Run with a Python >= 3.10 that has pip.
+# x86_64 and aarch64 (wheels for glibc 2.17 to 2.28: every supported image has 2.28 or
+# newer), and pip's wheel, which the nodes run pip from. Run with a Python >= 3.10 that
+# has pip. The container image installs from the same wheelhouse when built offline
+# (the Dockerfile's WHEELHOUSE build argument).
 set -euo pipefail
 
 usage="usage: build-wheelhouse.sh [--extras auth,...] OUT [PYTHON_VERSION...]"
@@ -41,9 +43,13 @@ mkdir -p "$wheelhouse"
 stepscope_wheel="$(find "$wheelhouse" -maxdepth 1 -name 'stepscope-*.whl' | sort -V | tail -n 1)"
 requirement="$stepscope_wheel${extras:+[$extras]}"
 for version in "${versions[@]}"; do
-    for platform in manylinux_2_28_x86_64 manylinux_2_28_aarch64; do
+    for arch in x86_64 aarch64; do
+        # pip matches each --platform tag exactly: name every glibc from 2.17 to 2.28, or
+        # a wheel tagged only manylinux_2_17 (grpcio, for the kubernetes extra) is missed
+        platforms=(--platform "manylinux2014_$arch")
+        for glibc in {17..28}; do platforms+=(--platform "manylinux_2_${glibc}_$arch"); done
         "$py" -m pip download --only-binary=:all: --python-version "$version" \
-            --platform "$platform" --dest "$wheelhouse" "$requirement"
+            "${platforms[@]}" --dest "$wheelhouse" "$requirement"
     done
 done
 if [ -n "$extras" ]; then echo "$extras" >"$out/extras"; else rm -f "$out/extras"; fi

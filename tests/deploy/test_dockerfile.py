@@ -4,7 +4,6 @@ fresh venv from exactly the files ``.dockerignore`` lets into the build context.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import shutil
@@ -21,6 +20,7 @@ import pytest
 from stepscope import __version__
 from tests.support import REPO, parse_samples
 from tests.support.exporter import served_address
+from tests.support.image import build_context, dockerignore, excluded
 
 Instruction = dockerfile.Command
 
@@ -166,55 +166,16 @@ def test_hadolint_finds_nothing() -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
-def _dockerignore() -> list[tuple[bool, str]]:
-    rules: list[tuple[bool, str]] = []
-    for line in (REPO / ".dockerignore").read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        negate = line.startswith("!")
-        rules.append((negate, line.lstrip("!").rstrip("/")))
-    return rules
-
-
-def _excluded(path: str, rules: list[tuple[bool, str]]) -> bool:
-    """Docker's rule: the last pattern matching the path or one of its parents wins."""
-    parts = path.split("/")
-    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-    excluded = False
-    for negate, pattern in rules:
-        regex = fnmatch.translate(pattern).replace(".*", "[^/]*")
-        if any(re.match(regex, p) for p in prefixes):
-            excluded = not negate
-    return excluded
-
-
-def build_context(dest: Path) -> Path:
-    """Copy the tracked files that .dockerignore admits, as `docker build .` would send."""
-    files = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    rules = _dockerignore()
-    for rel in files:
-        if _excluded(rel, rules) or not (REPO / rel).is_file():
-            continue
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(REPO / rel, target)
-    return dest
-
-
 def test_build_context_holds_only_the_package_sources() -> None:
-    rules = _dockerignore()
-    assert not _excluded("pyproject.toml", rules)
-    assert not _excluded("exporter/stepscope/cli.py", rules)
-    assert not _excluded("LICENSE", rules), "pyproject.toml's license-files"
-    for private in ("tests/conftest.py", ".venv/bin/python", ".git/config", "helm/stepscope/x"):
-        assert _excluded(private, rules), private
+    rules = dockerignore()
+    assert not excluded("pyproject.toml", rules)
+    assert not excluded("exporter/stepscope/cli.py", rules)
+    assert not excluded("LICENSE", rules), "pyproject.toml's license-files"
+    for private in ("tests/conftest.py", ".venv/bin/python", ".git/config", "helm/stepscope/x",
+                    "dist/stepscope-0.1.0.tar.gz", "dist/release/install-stepscope.sh"):
+        assert excluded(private, rules), private
+    # the offline route's wheelhouse (the Dockerfile's header): its build stage only
+    assert not excluded("dist/release/wheelhouse/pyyaml-6.0.4-cp311-cp311-x.whl", rules)
 
 
 def _extras() -> str:

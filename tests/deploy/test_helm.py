@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -553,3 +554,66 @@ def test_the_ingest_socket_is_for_the_exporters_group_not_every_user(
     assert (env["STEPSCOPE_INGEST_GROUP"], env["STEPSCOPE_INGEST_MODE"]) == ("2000", "0666")
     env = _env(_main(rendered_objects({"ingest": {"enabled": False}})))
     assert "STEPSCOPE_INGEST_GROUP" not in env
+
+
+# What the docs' shell variables stand for, to render their commands as written.
+EXAMPLE_SHELL = {
+    "REGISTRY": "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+    "DIGEST": "sha256:" + "0" * 64,
+    "VERSION": "0.1.0",
+}
+
+
+def documented_helm_commands() -> list[list[str]]:
+    """Every `helm install|upgrade` of our chart in docs/deploy/eks.md, as argv."""
+    text = (REPO / "docs" / "deploy" / "eks.md").read_text()
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith(("helm install ", "helm upgrade ")) and "./helm/stepscope" in line:
+                line = re.sub(r"\$(\w+)", lambda m: EXAMPLE_SHELL[m.group(1)], line)
+                commands.append(shlex.split(line))
+    return commands
+
+
+def _helm_args(argv: list[str]) -> tuple[str, Path, str, dict[str, Any]]:
+    """Release name, chart, namespace and --set values of a helm install/upgrade."""
+    positional, namespace, values = [], "default", {}
+    args = iter(argv[2:])
+    for arg in args:
+        if arg in ("-n", "--namespace"):
+            namespace = next(args)
+        elif arg == "--set":
+            key, _, value = next(args).partition("=")
+            *parents, leaf = key.split(".")
+            node = values
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        elif arg in ("--create-namespace", "--install"):
+            continue
+        else:
+            assert not arg.startswith("-"), f"a flag this test does not read: {arg}"
+            positional.append(arg)
+    name, chart = positional
+    return name, REPO / chart, namespace, values
+
+
+def test_the_documented_helm_commands_render_the_chart_as_written() -> None:
+    """Issue 36: every install route the docs give is run by a test as written; Helm's
+    own engine renders each `helm install`/`upgrade` of docs/deploy/eks.md with its
+    release name, namespace and --set values."""
+    commands = documented_helm_commands()
+    assert len(commands) >= 2, commands
+    for argv in commands:
+        name, chart, namespace, values = _helm_args(argv)
+        objs = manifests.objects(manifests.render_chart(
+            values, chart=chart, name=name, namespace=namespace))
+        daemonset = one(objs, "DaemonSet")
+        assert daemonset["metadata"]["namespace"] == namespace, argv
+        (container,) = [c for c in daemonset["spec"]["template"]["spec"]["containers"]
+                        if c["name"] == "stepscope"]
+        image = values.get("image", {})
+        if "digest" in image:
+            assert container["image"] == f"{image['repository']}@{image['digest']}"
+        # the objects of the default values are checked against the schemas above

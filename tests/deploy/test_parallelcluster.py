@@ -11,6 +11,8 @@ import csv
 import hashlib
 import io
 import os
+import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,8 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from stepscope import __version__
 from stepscope.app.config import load
-from tests.support import REPO
+from tests.support import REPO, start_exporter
 
 PCLUSTER = REPO / "deploy" / "parallelcluster"
 SCRIPT = PCLUSTER / "install-stepscope.sh"
@@ -129,10 +132,11 @@ class Node:
         else:
             self.command(name, "exit 1")
 
-    def run(self, *args: str, network: bool = False) -> subprocess.CompletedProcess[str]:
+    def run(self, *args: str, network: bool = False,
+            script: Path = SCRIPT) -> subprocess.CompletedProcess[str]:
         env = {"PATH": str(self.bin), "STEPSCOPE_ROOT": str(self.root), "HOME": str(self.root),
                "TMPDIR": str(self.root / "tmp")}
-        cmd = [shutil.which("bash") or "/bin/bash", str(SCRIPT), *args]
+        cmd = [shutil.which("bash") or "/bin/bash", str(script), *args]
         unshare = shutil.which("unshare")
         if not network and unshare and _can_unshare_network(unshare):
             cmd = [unshare, "--net", *cmd]
@@ -184,7 +188,9 @@ def test_installs_from_a_shared_filesystem_wheelhouse_without_network(
     run = node.run(str(release))
     assert run.returncode == 0 and "ERROR" not in run.stderr, run.stderr
     venv = node.root / "opt" / "stepscope"
-    out = subprocess.run([str(venv / "bin" / "stepscope")], capture_output=True, text=True)
+    # the stand-in, not a checkout on the PYTHONPATH the test runs with
+    out = subprocess.run([str(venv / "bin" / "stepscope")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": ""})
     assert out.stdout.strip() == "stepscope 9.9.9"
     # pip ran from its wheel and left nothing of itself in the venv
     assert not list(venv.glob("bin/pip*"))
@@ -205,6 +211,65 @@ def test_installs_from_a_shared_filesystem_wheelhouse_without_network(
     assert commands[-2:] == ["systemctl daemon-reload", "systemctl enable --now stepscope.service"]
     assert any(c.startswith("useradd --system") and c.endswith(" stepscope") for c in node.calls)
     assert "installed stepscope 9.9.9 and started stepscope.service" in node.log
+
+
+def _unit_header_route() -> list[list[str]]:
+    """The install commands the unit file's header gives, as argv lists."""
+    lines = UNIT.read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("# Installed from a release"))
+    commands = []
+    for line in lines[start + 1:]:
+        if not line.startswith("#   "):
+            break
+        commands.append(shlex.split(line.removeprefix("#").split("  #", 1)[0]))
+    return commands
+
+
+def test_the_units_header_route_installs_the_real_exporter_without_network(
+    node: Node, tmp_path: Path
+) -> None:
+    """Issue 36: the header said `/opt/stepscope/bin/pip install stepscope`, which fails (no
+    such distribution on PyPI). Its commands now, run as written from a checkout: the
+    release is built from this checkout (pip fetching the dependencies through its own
+    configuration, for this machine's Python only: the script's optional version list,
+    three Pythons by default), then installed on a node without network, and the
+    installed exporter serves."""
+    build, install = _unit_header_route()
+    assert build[0] == "deploy/parallelcluster/build-wheelhouse.sh", build
+    version = ".".join(platform.python_version_tuple()[:2])
+    work = tmp_path / "checkout"
+    work.mkdir()
+    made = subprocess.run(
+        ["bash", str(REPO / build[0]), *build[1:], version], cwd=work,
+        env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
+        timeout=600,
+    )
+    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    node.python("python3", sys.version_info[:2])
+    script = work / install[0]
+    source = install[1].replace("$PWD", str(work))
+    run = node.run(source, script=script)
+    assert run.returncode == 0 and "ERROR" not in run.stderr, run.stderr
+    venv = node.root / "opt" / "stepscope"
+    # the installed package, not this checkout on the test's PYTHONPATH
+    installed = {"PYTHONPATH": ""}
+    shown = subprocess.run([str(venv / "bin" / "stepscope"), "--version"],
+                           capture_output=True, text=True, env={**os.environ, **installed})
+    assert shown.stdout.strip() == f"stepscope {__version__}", shown.stderr
+    assert "systemctl enable --now stepscope.service" in node.calls
+    unit = node.root / "etc" / "systemd" / "system" / "stepscope.service"
+    assert unit.read_text() == UNIT.read_text()
+    where = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import stepscope; print(stepscope.__file__)"],
+                           capture_output=True, text=True, env={**os.environ, **installed})
+    assert where.stdout.startswith(str(venv)), where.stdout + where.stderr
+    exp = start_exporter(["--simulate", "1", "--ingest", "udp://127.0.0.1:9"], env=installed,
+                         command=[str(venv / "bin" / "stepscope"), "serve",
+                                  "--listen", "127.0.0.1:0"])
+    try:
+        assert "stepscope_gpu_up" in exp.metrics()
+    finally:
+        assert exp.stop() == 0
 
 
 def test_installs_from_s3_through_the_aws_cli(node: Node, tmp_path: Path) -> None:

@@ -155,3 +155,11 @@ def test_the_field_guide_is_linked_from_the_readme_and_the_diagnosis() -> None:
     for doc in (REPO / "README.md", REPO / "docs" / "diagnosis.md"):
         targets = {(doc.parent / t.split("#", 1)[0]).resolve() for _, t in links(doc)}
         assert (REPO / "docs" / "field-guide.md").resolve() in targets, doc.name
+
+
+def test_docs_validation_holds_outputs_only() -> None:
+    """Issue 36: scripts kept there as `.py.txt` copies escaped the linters and went
+    stale; a script that makes a record is code under validation/."""
+    scripts = [p.relative_to(REPO) for p in (REPO / "docs" / "validation").rglob("*")
+               if p.name.endswith((".py", ".py.txt", ".sh"))]
+    assert scripts == []

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import REPO
+from tests.support import REPO, wait_for
 from tests.support.ports import free_port
 
 README = REPO / "README.md"
@@ -34,11 +34,21 @@ def quickstart() -> str:
     return str(found[0])
 
 
+def stop_block() -> str:
+    """The fenced block that says how to stop the background exporter (issue 36)."""
+    text = README.read_text()
+    after = text.split(quickstart(), 1)[1]
+    blocks = re.findall(r"```sh\n(.*?)```", after, re.S)
+    assert blocks and "kill" in blocks[0], "the README does not say how to stop the exporter"
+    return str(blocks[0])
+
+
 def _run_as(argv_prefix: list[str], path: str, workdir: Path) -> tuple[str, str]:
-    """Run the quickstart in a fresh login-less shell; stdout and stderr (the exporter's
-    too). The exporter it leaves running in the background is stopped afterwards."""
+    """Run the quickstart, then the README's way to stop it, in a fresh login-less shell;
+    stdout and stderr (the exporter's too). Fails unless that stopped the exporter (no
+    process of the shell's session is left); one left anyway is killed afterwards."""
     port = free_port()
-    script = quickstart().replace("localhost:9400", f"localhost:{port}")
+    script = quickstart().replace("localhost:9400", f"localhost:{port}") + stop_block()
     out, err = workdir / "out", workdir / "err"
     env = {"PATH": path, "HOME": str(workdir), "STEPSCOPE_LISTEN": f":{port}", "LANG": "C.UTF-8"}
     with out.open("w") as o, err.open("w") as e:
@@ -49,11 +59,27 @@ def _run_as(argv_prefix: list[str], path: str, workdir: Path) -> tuple[str, str]
         )
         try:
             shell.wait(timeout=60)
+            # the README's stop command must end the exporter (polled: it stops cleanly)
+            wait_for(lambda: not _session_alive(shell.pid), timeout=30)
         finally:
             # the background `stepscope serve &` is in the shell's session: stop it
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(shell.pid, signal.SIGTERM)
     return out.read_text(), err.read_text()
+
+
+def _session_alive(sid: int) -> bool:
+    """Whether a process of session ``sid`` still runs (a zombie waiting for whatever
+    reaps orphans here does not count: it has stopped)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        state, session = fields[0], int(fields[3])
+        if session == sid and state != "Z":
+            return True
+    return False
 
 
 def _sm_active_lines(stdout: str) -> list[str]:
@@ -74,6 +100,7 @@ def test_the_quickstart_pasted_prints_the_sm_active_series(tmp_path: Path) -> No
     stdout, stderr = _run_as([], f"{bindir}:/usr/bin:/bin", tmp_path)
     assert len(_sm_active_lines(stdout)) == 4, stdout + stderr
     assert "training ingest disabled" not in stderr
+    assert "INFO stepscope: stopping" in stderr, stderr  # SIGTERM: a clean stop
 
 
 def test_the_quickstart_works_for_a_user_who_is_not_root(tmp_path: Path) -> None:
@@ -117,3 +144,14 @@ def _stepscope_for_nobody(runuser: str, workdir: Path) -> Path:
     )
     wrapper.chmod(0o755)
     return bindir
+
+
+def test_the_readme_names_every_debian_package_ci_installs() -> None:
+    """Issue 36: the list omitted victoria-metrics and prometheus-alertmanager, which
+    the scale-out tests use; a reader setting up a machine took the list at its word."""
+    installed = set(re.findall(r"need\+=\(([a-z0-9.+-]+)\)", (REPO / ".ci" / "run").read_text()))
+    text = README.read_text()
+    paragraph = text[text.index("Run the whole test suite"):]
+    paragraph = paragraph[:paragraph.index("```")]
+    named = set(re.findall(r"`([a-z0-9.+-]+)`", paragraph))
+    assert installed and sorted(installed - named) == []

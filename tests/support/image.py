@@ -1,17 +1,17 @@
-"""The container image built from the shipped Dockerfile with buildah, on a base the tests
-make themselves: no image registry is reachable from CI, Debian's package mirror and
-pip's configured index are.
+"""The container image built from the shipped Dockerfile by the offline route its header
+documents, run as written: no image registry is reachable from CI, Debian's package
+mirror and pip's configured index are.
 
 - The base: a Debian bookworm root with Python (``mmdebstrap``), imported into buildah's
-  store as ``localhost/stepscope-test-base:<key>`` and passed as the Dockerfile's
-  ``PYTHON_IMAGE`` build argument, the one thing overridden. The root is cached as a
-  tarball under ``~/.cache/stepscope-test-base`` (a machine pays for it once); the key
-  changes when the recipe does.
-- The dependencies: a wheelhouse fetched on the host for the base's Python through pip's
-  own configuration (index, certificates, proxy), bind-mounted at ``/mnt`` during the
-  build; the base's ``/etc/pip.conf`` says ``no-index``, ``find-links = /mnt``. The build
-  needs no network, and the mount leaves nothing in the image (``/mnt`` is an existing
-  empty directory).
+  store as ``localhost/stepscope-test-base:<key>``: the header's ``BASE``, a local image
+  with python3 3.11 and python3-venv. The root is cached as a tarball under
+  ``~/.cache/stepscope-test-base`` (a machine pays for it once); the key changes when the
+  recipe does.
+- The packages: the header's ``build-wheelhouse.sh`` line, run as written (the
+  ParallelCluster release script, fetching through pip's own configuration), into
+  ``dist/release`` of a copy of the build context (the files .dockerignore admits).
+- The build: the header's ``buildah bud`` line, run as written in that context, with
+  ``BASE`` and the tag substituted. It asks no registry and no package index.
 - ``BUILDAH_ISOLATION=chroot``: no runc, no network namespace; a container's server
   listens on the host's loopback.
 """
@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
 import platform
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,22 +36,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from tests.support.paths import REPO
 
 SUITE = "bookworm"
 # python-is-python3: the Dockerfile runs `python`; python3-venv: its `python -m venv`;
 # passwd: its groupadd/useradd (not in minbase)
 PACKAGES = ("python3", "python3-venv", "python-is-python3", "passwd")
-# bookworm's python3, the interpreter the wheelhouse is fetched for
-PYTHON = "3.11"
-# bookworm's glibc: wheels tagged manylinux_2_17 up to this one fit
-GLIBC_MINOR = 36
 MIRROR = os.environ.get("STEPSCOPE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stepscope-test-base"
-# what the base's pip reads during the build: the wheelhouse mounted at /mnt, nothing else
-PIP_CONF = "[global]\nno-index = true\nfind-links = /mnt\n"
 ENV = {**os.environ, "BUILDAH_ISOLATION": "chroot"}
 
 
@@ -67,8 +62,8 @@ def _mmdebstrap_args(out: Path) -> list[str]:
 
 
 def base_key() -> str:
-    """Names the base: changes when its recipe (packages, mirror, pip.conf) does."""
-    recipe = json.dumps([_mmdebstrap_args(Path("-")), PIP_CONF, platform.machine()])
+    """Names the base: changes when its recipe (packages, mirror) does."""
+    recipe = json.dumps([_mmdebstrap_args(Path("-")), platform.machine()])
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
@@ -85,9 +80,10 @@ def _locked() -> Iterator[None]:
         yield
 
 
-def _run(args: Sequence[str], timeout: float = 600) -> str:
-    done = subprocess.run(list(args), capture_output=True, text=True, env=ENV,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+def _run(args: Sequence[str], timeout: float = 600, cwd: Path | None = None,
+         env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(list(args), capture_output=True, text=True, env=env or ENV,
+                          timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(args[:3])} ... exited {done.returncode}:\n"
                              f"{(done.stdout + done.stderr)[-3000:]}")
@@ -119,12 +115,7 @@ def base_image() -> str:
         tar = _tarball()
         ctr = _run(["buildah", "from", "scratch"]).strip()
         try:
-            with tempfile.NamedTemporaryFile("w", suffix=".conf") as conf:
-                conf.write(PIP_CONF)
-                conf.flush()
-                _run(["buildah", "add", "--quiet", ctr, str(tar), "/"])
-                _run(["buildah", "add", "--quiet", "--chmod", "0644", ctr, conf.name,
-                      "/etc/pip.conf"])
+            _run(["buildah", "add", "--quiet", ctr, str(tar), "/"])
             _run(["buildah", "config", "--env",
                   "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                   "--cmd", "python3", ctr])
@@ -134,34 +125,62 @@ def base_image() -> str:
     return name
 
 
-def dockerfile_extras() -> list[str]:
-    """The extras the Dockerfile installs by default (its EXTRAS build argument)."""
-    (extras,) = re.findall(r'^ARG EXTRAS="([^"]*)"$', (REPO / "Dockerfile").read_text(),
-                           re.MULTILINE)
-    return [e for e in extras.split(",") if e]
+def documented_commands() -> tuple[list[str], list[str]]:
+    """The Dockerfile header's offline route: the ``build-wheelhouse.sh`` line and the
+    ``buildah bud`` line, as argv lists."""
+    header = []
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line.removeprefix("#").strip())
+    (wheels,) = [ln for ln in header if ln.startswith("deploy/parallelcluster/build-wheelhouse")]
+    (bud,) = [ln for ln in header if ln.startswith("buildah bud ")]
+    return shlex.split(wheels), shlex.split(bud)
 
 
-def requirements() -> list[str]:
-    """What the Dockerfile's pip install needs: the build backend, the dependencies and
-    those of its default extras, read from pyproject.toml."""
-    project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    reqs = [*project["build-system"]["requires"], *project["project"]["dependencies"]]
-    for extra in dockerfile_extras():
-        reqs += project["project"]["optional-dependencies"][extra]
-    return reqs
+def dockerignore() -> list[tuple[bool, str]]:
+    """.dockerignore's rules in order: (re-included, pattern)."""
+    rules: list[tuple[bool, str]] = []
+    for line in (REPO / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        rules.append((negate, line.lstrip("!").rstrip("/")))
+    return rules
 
 
-def wheelhouse(dest: Path) -> Path:
-    """Wheels of :func:`requirements` for the base's Python and platform, fetched by the
-    host's pip (its index and certificates)."""
-    arch = platform.machine()
-    # pip does not widen a manylinux_2_N platform to the older tags: each one named
-    platforms = [f"manylinux_2_{n}_{arch}" for n in range(17, GLIBC_MINOR + 1)]
-    platforms += [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}"]
-    _run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(dest),
-          "--only-binary=:all:", "--python-version", PYTHON, "--implementation", "cp",
-          "--abi", f"cp{PYTHON.replace('.', '')}",
-          *[f"--platform={p}" for p in platforms], *requirements()])
+def excluded(path: str, rules: list[tuple[bool, str]]) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents wins."""
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    excluded = False
+    for negate, pattern in rules:
+        regex = fnmatch.translate(pattern).replace(".*", "[^/]*")
+        if any(re.match(regex, p) for p in prefixes):
+            excluded = not negate
+    return excluded
+
+
+def build_context(dest: Path) -> Path:
+    """The tracked files .dockerignore admits, copied as `docker build .` sends them, with
+    the Dockerfile and .dockerignore (always sent)."""
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    rules = dockerignore()
+    for rel in files:
+        if excluded(rel, rules) or not (REPO / rel).is_file():
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / rel, target)
+    for name in ("Dockerfile", ".dockerignore"):
+        shutil.copy2(REPO / name, dest / name)
     return dest
 
 
@@ -193,13 +212,19 @@ def inspect(name: str, base: str) -> Image:
 
 
 def build(name: str, workdir: Path) -> Image:
-    """``buildah bud`` of the repository's Dockerfile as shipped, the base overridden.
-    Docker format: an OCI image config has no HEALTHCHECK."""
+    """The Dockerfile header's offline route, run as written in a copy of the build
+    context: the release's wheelhouse by build-wheelhouse.sh, then ``buildah bud`` with
+    the test base as ``BASE`` and ``name`` as the tag. Docker format: an OCI image config
+    has no HEALTHCHECK."""
     base = base_image()
-    wheels = wheelhouse(workdir / "wheels")
-    _run(["buildah", "bud", "--quiet", "--format", "docker", "--pull=never",
-          "--build-arg", f"PYTHON_IMAGE={base}", "--volume", f"{wheels}:/mnt:ro",
-          "--tag", name, "--file", str(REPO / "Dockerfile"), str(REPO)], timeout=900)
+    context = build_context(workdir / "context")
+    wheels, bud = documented_commands()
+    # the script from this checkout; its output path as written, relative to the context
+    _run(["bash", str(REPO / wheels[0]), *wheels[1:]], timeout=600, cwd=context,
+         env={**ENV, "PYTHON": sys.executable})
+    bud = [f"PYTHON_IMAGE={base}" if arg == "PYTHON_IMAGE=BASE" else arg for arg in bud]
+    bud[bud.index("-t") + 1] = name
+    _run(bud, timeout=900, cwd=context)
     return inspect(name, base)
 
 

@@ -425,7 +425,7 @@ def load(
             raise ConfigError(f"{key}: {exc}, got {value!r} (from {origin})") from None
     values.setdefault("hostname", default_hostname(env))
     defaults = Config()
-    explicit = frozenset(k for k, v in values.items() if v != getattr(defaults, k, None))
+    explicit = frozenset(k for k in raw if values[k] != getattr(defaults, k, None))
     cfg = Config(config_file=path, explicit=explicit, **values)
     if (cfg.ingest_allow_uids or cfg.ingest_allow_gids) and not parse_ingest_url(
         cfg.ingest
