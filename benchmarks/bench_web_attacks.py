@@ -190,7 +190,7 @@ def print_rows(title: str, rows: list[Row]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--pythonpath", help="run the exporter with this PYTHONPATH")
     parser.add_argument("--seconds", type=float, default=12.0, help="scraping per row")
     parser.add_argument("--every", type=float, default=0.5, help="seconds between scrapes")
