@@ -168,8 +168,16 @@ GLOBAL = """\
 global:
   scrape_interval: 15s
   scrape_timeout: 10s
-  # no external_labels: `cluster` is a target label below, as in the single-Prometheus
-  # configs, so the series carry it in the central store and the rules group by it
+  # `cluster` is a target label below, as in the single-Prometheus configs, so the series
+  # carry it in the central store and the rules group by it. `replica` tells the two
+  # agents of an HA pair apart (docs/scaling.md, "High availability"): run each with
+  # `--enable-feature=agent,expand-external-labels` and STEPSCOPE_AGENT_REPLICA set (a
+  # pod's name); unset, the label is empty and so absent. The store drops it and keeps
+  # one sample per series and scrape interval (VictoriaMetrics: -dedup.minScrapeInterval
+  # with deploy/victoriametrics/relabel.yml; Mimir, AMP: their HA tracker reads
+  # `cluster` and `replica`).
+  external_labels:
+    replica: ${STEPSCOPE_AGENT_REPLICA}
 
 """
 REMOTE_WRITE = """
@@ -186,6 +194,12 @@ remote_write:
   - url: https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-EXAMPLE/api/v1/remote_write
     sigv4:
       region: us-east-1
+    # An agent that scrapes native histograms (--enable-feature=native-histograms: the
+    # ranks' step time as one series) sends them only with this; without it they are
+    # dropped silently and the step-time rules read nothing for those nodes. Harmless
+    # where the agent scrapes text. VictoriaMetrics 1.79 stores no native histograms:
+    # agents writing to it scrape classic (the default).
+    send_native_histograms: true
     # Sized for 1,000 nodes x 8 GPUs x 8 ranks at this 15 s scrape: a node serves 655
     # series (docs/metrics.md, "What each family costs per node"), of which the keep list
     # below sends 437, so the cluster sends 437,000 series, ~29,000 samples/s (437,000 /

@@ -59,7 +59,12 @@ def test_the_example_passes_amtool_check_config() -> None:
      "fleet-chat"),
     ({"alertname": "StepscopeLowMfu", "severity": "info", "cluster": "prod-east"},
      "fleet-digest"),
+    # a production node's exporter gone: the node most likely died, page
     ({"alertname": "StepscopeExporterDown", "severity": "warning", "cluster": "prod-east"},
+     "oncall-pager"),
+    ({"alertname": "StepscopeExporterDown", "severity": "warning", "cluster": "research"},
+     "fleet-chat"),
+    ({"alertname": "StepscopeExporterStale", "severity": "warning", "cluster": "prod-east"},
      "fleet-chat"),
 ])  # fmt: skip
 def test_alerts_route_by_severity_and_cluster(labels: dict[str, str], receiver: str) -> None:
@@ -141,7 +146,7 @@ for _labels in ALERTS.values():
 @pytest.fixture(scope="module")
 def am(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     hook = Webhook()
-    server = alertmanager(tmp_path_factory.mktemp("am"), hook.url)
+    server = alertmanager(tmp_path_factory.mktemp("am"), "am", hook.url, wait="5s")
     try:
         yield server
     finally:

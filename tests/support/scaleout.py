@@ -7,8 +7,10 @@ webhook receiver that records every notification (tests/e2e/test_scale_out.py)."
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
+import time
 import urllib.request
 from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,12 +23,13 @@ from tests.support.exporter import terminate
 from tests.support.paths import REPO
 from tests.support.polling import wait_for
 from tests.support.ports import free_port
-from tests.support.prometheus import CLUSTER, shortened_rules
 from tests.support.tools import prometheus_binary, require_tool
 
 AGENT_CONFIG = REPO / "deploy" / "prometheus" / "agent-ec2.yml"
 ALERTMANAGER_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 RULES = REPO / "deploy" / "prometheus" / "rules"
+VM_RULES = REPO / "deploy" / "prometheus" / "rules-victoriametrics"
+VM_RELABEL = REPO / "deploy" / "victoriametrics" / "relabel.yml"
 # CI sets it; vmalert and victoria-metrics come in one Debian package
 REQUIRED_BY = "STEPSCOPE_REQUIRE_PROMTOOL"
 
@@ -40,14 +43,15 @@ class Server:
     """A server process: its URL, its log, stopped (then killed) by ``stop``."""
 
     def __init__(self, tmp: Path, name: str, argv: Sequence[str], port: int,
-                 ready_path: str) -> None:  # fmt: skip
+                 ready_path: str, env: dict[str, str] | None = None) -> None:  # fmt: skip
         tmp.mkdir(parents=True, exist_ok=True)
         self.name = name
+        self.argv = list(argv)
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = tmp / f"{name}.log"
-        self.log = self.log_path.open("w")
+        self.log = self.log_path.open("a")
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
-                                     cwd=tmp)  # fmt: skip
+                                     cwd=tmp, env={**os.environ, **(env or {})})  # fmt: skip
         try:
             wait_for(lambda: self._ready(ready_path), timeout=30, interval=0.2)
         except BaseException:  # never ready: nobody else holds it to stop it
@@ -67,6 +71,13 @@ class Server:
         terminate(self.proc)
         self.log.close()
 
+    def metric(self, name: str) -> float:
+        """The sum of ``name``'s samples on the server's own /metrics (0 when absent)."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.split("{", 1)[0].split(" ", 1)[0] == name)  # fmt: skip
+
 
 def shipped_remote_write() -> dict[str, Any]:
     """The shipped agent's remote_write entry: its keep list and queue settings."""
@@ -75,82 +86,103 @@ def shipped_remote_write() -> dict[str, Any]:
     return remote
 
 
-def prometheus_agent(tmp: Path, name: str, targets: list[str], write_urls: list[str]) -> Server:
-    """Prometheus 2.42 in agent mode scraping ``targets`` every second (the cluster a
-    target label, as shipped) and remote-writing to each URL with the shipped
-    write_relabel_configs and queue settings, batches sent after 1 s instead of 5 s."""
-    shipped = shipped_remote_write()
-    queue = {**shipped["queue_config"], "batch_send_deadline": "1s"}
-    config = {
-        "global": {"scrape_interval": "1s", "scrape_timeout": "900ms"},
-        "scrape_configs": [{
-            "job_name": "stepscope", "honor_labels": False,
-            "static_configs": [{"targets": targets, "labels": {"cluster": CLUSTER}}],
-        }],
-        "remote_write": [{"url": url, "queue_config": queue,
-                          "write_relabel_configs": shipped["write_relabel_configs"]}
-                         for url in write_urls],
-    }  # fmt: skip
+def prometheus_agent(tmp: Path, name: str, targets: dict[str, str], write_urls: list[str],
+                     replica: str, scrape_interval: str = "5s") -> Server:  # fmt: skip
+    """Prometheus 2.42 in agent mode with the shipped deploy/prometheus/agent-ec2.yml.
+    Substituted: the targets (its file_sd job reads a file listing ``targets``, address ->
+    cluster, where `stepscope discover` would write one; the EC2 job, which needs AWS, is
+    left out), the remote_write URLs (one copy of the shipped entry each, without its
+    AMP SigV4), and the scrape interval (``scrape_interval``, shipped 15s: the test's clock).
+    Everything else is as shipped: relabelling, keep list, queue, native histograms sent,
+    the ``replica`` external label from STEPSCOPE_AGENT_REPLICA."""
+    config = yaml.safe_load(AGENT_CONFIG.read_text())
+    config["global"]["scrape_interval"] = scrape_interval
+    config["global"]["scrape_timeout"] = scrape_interval
+    jobs = [job for job in config["scrape_configs"] if "file_sd_configs" in job]
+    assert len(jobs) == 1 and len(config["scrape_configs"]) == 2, config["scrape_configs"]
     (tmp / name).mkdir(parents=True)
-    (tmp / name / "agent.yml").write_text(json.dumps(config))
+    targets_file = tmp / name / "stepscope.json"
+    targets_file.write_text(json.dumps([{"targets": [address], "labels": {"cluster": cluster}}
+                                        for address, cluster in targets.items()]))
+    jobs[0]["file_sd_configs"] = [{"files": [str(targets_file)], "refresh_interval": "5s"}]
+    config["scrape_configs"] = jobs
+    (shipped,) = config["remote_write"]
+    assert "sigv4" in shipped
+    config["remote_write"] = [
+        {**{k: v for k, v in shipped.items() if k != "sigv4"}, "url": url} for url in write_urls
+    ]
+    (tmp / name / "agent.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     return Server(tmp / name, name, [
-        prometheus_binary(), "--enable-feature=agent",
+        prometheus_binary(), "--enable-feature=agent,expand-external-labels",
         f"--config.file={tmp / name / 'agent.yml'}", f"--storage.agent.path={tmp / name / 'wal'}",
         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-    ], port, "/-/ready")  # fmt: skip
+    ], port, "/-/ready", env={"STEPSCOPE_AGENT_REPLICA": replica})  # fmt: skip
 
 
-def central_prometheus(tmp: Path, alertmanager: str | None) -> Server:
+def central_prometheus(tmp: Path, alertmanagers: Sequence[str],
+                       evaluation_interval: str = "5s") -> Server:  # fmt: skip
     """A Prometheus that scrapes nothing, receives remote write and evaluates the shipped
-    rules (every ``for:`` 5 s) every second, sending alerts to ``alertmanager``."""
+    rules, unchanged, every ``evaluation_interval``, sending alerts to every member of
+    ``alertmanagers`` (an HA pair gets each alert from each ruler)."""
     (tmp / "central").mkdir(parents=True)
-    rules = shortened_rules(tmp / "central" / "rules", RULES)
     config: dict[str, Any] = {
-        "global": {"evaluation_interval": "1s"},
-        "rule_files": [str(p) for p in rules],
-    }
-    if alertmanager is not None:
-        config["alerting"] = {"alertmanagers": [{"static_configs": [
-            {"targets": [alertmanager.removeprefix("http://")]}]}]}
+        "global": {"evaluation_interval": evaluation_interval},
+        "rule_files": [str(p) for p in sorted(RULES.glob("*.yml"))],
+        "alerting": {"alertmanagers": [{"static_configs": [
+            {"targets": [am.removeprefix("http://") for am in alertmanagers]}]}]},
+    }  # fmt: skip
     (tmp / "central" / "prometheus.yml").write_text(json.dumps(config))
     port = free_port()
     return Server(tmp / "central", "central", [
         prometheus_binary(), f"--config.file={tmp / 'central' / 'prometheus.yml'}",
         f"--storage.tsdb.path={tmp / 'central' / 'data'}", "--web.enable-remote-write-receiver",
+        "--enable-feature=native-histograms",
         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
     ], port, "/-/ready")  # fmt: skip
 
 
-def victoria_metrics(tmp: Path) -> Server:
-    """Single-node VictoriaMetrics; a sample is queryable at once (its default
-    -search.latencyOffset hides the last 30 s from queries)."""
+def victoria_metrics(tmp: Path, scrape_interval: str = "5s") -> Server:
+    """Single-node VictoriaMetrics with the documented flags (docs/scaling.md): the agent
+    pair's ``replica`` dropped (deploy/victoriametrics/relabel.yml) and one sample kept per
+    series and scrape interval, the last 5 s (an agent's batch) hidden from queries
+    instead of the default 30 s."""
     binary = require_tool("victoria-metrics", "victoria-metrics", REQUIRED_BY)
     port = free_port()
     return Server(tmp / "vm", "victoria-metrics", [
         binary, f"-storageDataPath={tmp / 'vm' / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
-        "-search.latencyOffset=0s", "-retentionPeriod=1d", "-loggerLevel=WARN",
+        f"-relabelConfig={VM_RELABEL}", f"-dedup.minScrapeInterval={scrape_interval}",
+        "-search.latencyOffset=5s", "-retentionPeriod=1d", "-loggerLevel=WARN",
     ], port, "/health")  # fmt: skip
 
 
-def vmalert(tmp: Path, vm: str, notifier: str) -> Server:
-    """vmalert evaluating the shipped rules (every ``for:`` 5 s) every second against
-    VictoriaMetrics, writing recorded series back to it."""
+def vmalert(tmp: Path, vm: str, notifiers: Sequence[str],
+            evaluation_interval: str = "5s") -> Server:  # fmt: skip
+    """vmalert with the documented flags evaluating the shipped MetricsQL rules
+    (deploy/prometheus/rules-victoriametrics/), unchanged, against VictoriaMetrics:
+    recorded series and alert state written back to it, state restored from it on a
+    restart, a value looked up at most one evaluation back (-datasource.queryStep, 5m
+    by default, kept a dead node's series readable for minutes)."""
     binary = require_tool("vmalert", "victoria-metrics", REQUIRED_BY)
-    (tmp / "vmalert").mkdir(parents=True)
-    rules = shortened_rules(tmp / "vmalert" / "rules", RULES)
+    (tmp / "vmalert").mkdir(parents=True, exist_ok=True)
     port = free_port()
     return Server(tmp / "vmalert", "vmalert", [
-        binary, *[f"-rule={p}" for p in rules], f"-datasource.url={vm}",
-        f"-remoteWrite.url={vm}", "-remoteWrite.flushInterval=500ms", f"-notifier.url={notifier}",
-        "-evaluationInterval=1s", f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN",
+        binary, *[f"-rule={p}" for p in sorted(VM_RULES.glob("*.yml"))],
+        f"-datasource.url={vm}", f"-remoteWrite.url={vm}", f"-remoteRead.url={vm}",
+        *[f"-notifier.url={n}" for n in notifiers],
+        f"-evaluationInterval={evaluation_interval}",
+        f"-datasource.queryStep={evaluation_interval}",
+        f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN",
     ], port, "/health")  # fmt: skip
 
 
-def alertmanager(tmp: Path, receiver: str, wait: str = "5s") -> Server:
-    """Alertmanager with the shipped configuration, every receiver's webhook pointed at
-    ``receiver`` and group_wait / group_interval set to ``wait`` (nothing else changes:
-    routes, grouping and inhibition are as shipped)."""
+def alertmanager(tmp: Path, name: str, receiver: str, peers: Sequence[str] = (),
+                 gossip_port: int | None = None, wait: str | None = None) -> Server:  # fmt: skip
+    """Alertmanager with the shipped configuration, only every receiver's webhook
+    pointed at ``receiver``/<receiver name>; a cluster member gossiping on
+    ``gossip_port`` with ``peers`` (host:port) where given, else alone. ``wait``:
+    every group_wait and group_interval set to it (the routing tests' clock), else as
+    shipped."""
     binary = require_tool("prometheus-alertmanager", "prometheus-alertmanager", REQUIRED_BY)
     config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
 
@@ -161,19 +193,21 @@ def alertmanager(tmp: Path, receiver: str, wait: str = "5s") -> Server:
         for child in route.get("routes", []):
             shorten(child)
 
-    shorten(config["route"])
+    if wait is not None:
+        shorten(config["route"])
     for rec in config["receivers"]:
         for hook in rec.get("webhook_configs", []):
             hook["url"] = f"{receiver}/{rec['name']}"
-    (tmp / "alertmanager").mkdir(parents=True)
-    (tmp / "alertmanager" / "alertmanager.yml").write_text(yaml.safe_dump(config))
+    (tmp / name).mkdir(parents=True)
+    (tmp / name / "alertmanager.yml").write_text(yaml.safe_dump(config))
     port = free_port()
-    return Server(tmp / "alertmanager", "alertmanager", [
-        binary, f"--config.file={tmp / 'alertmanager' / 'alertmanager.yml'}",
-        f"--storage.path={tmp / 'alertmanager' / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--cluster.listen-address=",  # one instance: no gossip port
-        "--log.level=warn",
+    cluster = ([f"--cluster.listen-address=127.0.0.1:{gossip_port}",
+                *[f"--cluster.peer={p}" for p in peers], "--cluster.settle-timeout=5s"]
+               if gossip_port is not None else ["--cluster.listen-address="])  # fmt: skip
+    return Server(tmp / name, name, [
+        binary, f"--config.file={tmp / name / 'alertmanager.yml'}",
+        f"--storage.path={tmp / name / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}", *cluster, "--log.level=warn",
     ], port, "/-/ready")  # fmt: skip
 
 
@@ -185,12 +219,15 @@ class Webhook:
         self.received: list[tuple[str, Any]] = []
         lock = threading.Lock()
         received = self.received
+        self.arrived: list[float] = []  # time.monotonic() of each, in order
+        arrived = self.arrived
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with lock:
                     received.append((self.path, json.loads(body or b"null")))
+                    arrived.append(time.monotonic())
                 self.send_response(200)
                 self.end_headers()
 

@@ -33,6 +33,16 @@ from stepscope.diagnose.kinds import BOTTLENECK_KINDS, KINDS
 # A placeholder of a rule source: ``<% name %>`` or ``<% name | format %>``. Neither
 # PromQL nor Prometheus' templates (``{{ ... }}``) use ``<%``.
 PLACEHOLDER = re.compile(r"<%\s*([a-z_]+)\s*(?:\|\s*([a-z]+)\s*)?%>")
+# A line of a rule source that only PromQL evaluates: ``<% promql_only %>`` after the
+# line's indentation. vmalert 1.79's MetricsQL has no histogram_count/histogram_sum (the
+# native-histogram branches of the step-time rules; VictoriaMetrics 1.79 stores no native
+# histograms either), so the MetricsQL rendering drops such lines and the PromQL one keeps
+# them without the marker. Each marked line is a whole alternative (``or ...``) whose
+# removal leaves the expression valid.
+PROMQL_ONLY = re.compile(r"(?m)^([ \t]*)<% promql_only %>(.*\n?)")
+#: The query languages the rules are rendered for: Prometheus' (and Mimir's, Thanos', AMP's
+#: rulers), and VictoriaMetrics' vmalert (deploy/prometheus/rules-victoriametrics/).
+DIALECTS = ("promql", "metricsql")
 
 
 @dataclass(frozen=True)
@@ -57,6 +67,19 @@ class FleetRules:
     rank_straggler_for: str = "2m"
     node_straggler_for: str = "1m"
     thermal_for: str = "45s"
+    # -- paging (docs/runbooks.md, "Paging"): tuned with the shipped Alertmanager's
+    # group_wait (30s) so that a node's cause and its symptoms land in one message.
+    # A GPU off the bus raises its drain XID (no `for:`) at the evaluation that first
+    # sees it and reads down at the same scrape: down for this long, it fires one or two
+    # 15 s evaluations later, inside the XID's group_wait, so both page together. Two
+    # scrapes in a row, not one NVML hiccup.
+    gpu_down_for: str = "15s"
+    # An exporter unscraped this long pages (prod clusters) and inhibits every alert of
+    # its node. Shorter than the 2-minute windows of the GPU rules, so a dead node's GPU
+    # alerts, which still read its last samples, are inhibited before they would resolve
+    # (and send "resolved" for a node that is gone); four missed 15 s scrapes, longer
+    # than a DaemonSet's rolling restart.
+    exporter_down_for: str = "1m"
     # -- stragglers
     # a node whose least active GPU is under this share of its peer group's median node
     node_straggler_share: float = 0.6
@@ -183,9 +206,13 @@ def plain(value: object) -> str:
     return str(value)
 
 
-def render(text: str, rules: FleetRules = FLEET) -> str:
+def render(text: str, rules: FleetRules = FLEET, dialect: str = "promql") -> str:
     """``text`` with every ``<% name %>`` / ``<% name | format %>`` replaced by that value
-    of ``rules``; ValueError naming an unknown name or format."""
+    of ``rules``, and its ``<% promql_only %>`` lines kept (``promql``) or dropped
+    (``metricsql``); ValueError naming an unknown name, format or dialect."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"unknown dialect {dialect!r} (known: {', '.join(DIALECTS)})")
+    text = PROMQL_ONLY.sub(r"\1\2" if dialect == "promql" else "", text)
     values = dataclasses.asdict(rules)
 
     def one(match: re.Match[str]) -> str:
