@@ -215,10 +215,18 @@ def _rulers(s: ScaleOut) -> dict[str, Server]:
     return {"prometheus": s.central, "vmalert": s.vmalert}
 
 
+# Recording rules that compare a rank with its own past (`offset 5m` of a 30-minute mean:
+# the fail-slow baseline) return series only after minutes of history, longer than this
+# test runs; they are evaluated (and counted for errors) all the same.
+NEEDS_HISTORY = frozenset({"training_job_rank:stepscope_step_busy_seconds:mean1m_over_past30m",
+                           "training_job_rank:stepscope_fail_slow_score:ratio"})  # fmt: skip
+
+
 def _recorded(rules_dir: Path) -> list[str]:
     return [rule["record"] for path in sorted(rules_dir.glob("*.yml"))
             for group in yaml.safe_load(path.read_text())["groups"]
-            for rule in group["rules"] if "record" in rule]  # fmt: skip
+            for rule in group["rules"]
+            if "record" in rule and rule["record"] not in NEEDS_HISTORY]  # fmt: skip
 
 
 def _series(store: Server, name: str) -> int:
