@@ -37,6 +37,7 @@ OTHER_TOOLS = {
     "--check": "python -m generate", "--package": "python -m generate",
     "--pid": "py-spy dump", "--format": "buildah bud",
     "--enable-feature": "prometheus",
+    "--cpu-bind": "srun (Slurm)",
 }
 
 
