@@ -12,6 +12,7 @@ import pytest
 
 from generate import pipeline
 from stepscope import __version__ as STEPSCOPE_VERSION
+from stepscope.diagnose.fleet_rules import FleetRules
 from tests.support import REPO
 
 
@@ -87,8 +88,10 @@ def test_a_threshold_edited_by_hand_in_the_rendered_rules_is_caught_and_restored
     # the rendered rules say the fleet module's numbers, never one of their own
     rule = checkout / "deploy" / "prometheus" / "rules" / "stepscope-alerts.yml"
     shipped = rule.read_text()
-    assert "training_job_rank:stepscope_straggler_score:ratio > 1.25" in shipped
-    rule.write_text(shipped.replace("straggler_score:ratio > 1.25", "straggler_score:ratio > 1.5"))
+    ratio = FleetRules().rank_straggler_ratio
+    assert f"training_job_rank:stepscope_straggler_score:ratio > {ratio}" in shipped
+    edited = shipped.replace(f"straggler_score:ratio > {ratio}", "straggler_score:ratio > 1.5")
+    rule.write_text(edited)
     run = generate(checkout, "--check")
     assert run.returncode == 1
     assert run.stderr.splitlines() == [
