@@ -153,7 +153,10 @@ class ReadForecast:
     def expected(self, interval: float) -> list[float] | None:
         """The next read of each reader, or None while no period shows."""
         r = self._reads
-        for m in range(1, min(MAX_READERS, len(r) - 2) + 1):
+        # m readers need 2m reads for their next reads and m + 2 for the check: with
+        # fewer than 2m (a burst of irregular reads), r[-j - m] raised IndexError and
+        # every pass failed until the reads settled (the served snapshot went stale)
+        for m in range(1, min(MAX_READERS, len(r) - 2, len(r) // 2) + 1):
             period = r[-1] - r[-1 - m]
             if period > 0 and abs(period - (r[-2] - r[-2 - m])) <= interval / 2:
                 return [r[-j] + (r[-j] - r[-j - m]) for j in range(1, m + 1)]

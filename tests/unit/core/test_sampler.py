@@ -267,3 +267,23 @@ def test_the_full_collection_runs_just_after_a_pass_is_read(
         sampler.stop()
     read_first = sum(at is not None for at in seen[1:])
     assert read_first >= (len(seen) - 1) * 3 // 4, seen
+
+
+def test_the_read_forecast_never_raises_whatever_the_reads() -> None:
+    """Irregular reads (a test polling /metrics every 0.1 s beside the 0.2 s passes) once
+    made ReadForecast.expected index past its reads: IndexError, every pass failed and
+    the served snapshot went stale until the reads settled."""
+    import random
+
+    from stepscope.core.sampler import MAX_READERS, ReadForecast
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        forecast = ReadForecast()
+        at = 0.0
+        for _ in range(rng.randint(1, 2 * MAX_READERS + 4)):
+            at += rng.choice([0.01, 0.1, 0.2, 0.5, 1.0, rng.random()])
+            forecast.saw(at, False, at)
+            forecast.due(at + 0.05, 0.2)  # raised IndexError before
+            expected = forecast.expected(0.2)
+            assert expected is None or all(e > 0 for e in expected)
