@@ -21,7 +21,7 @@ import pytest
 from tests.support import REPO
 from tests.support.attacker import attacker_env
 
-SECONDS = 20  # per target: 60 s of the suite for the three
+SECONDS = 20  # per target: 60 s of the suite for the three (the issue asks 60 s in CI)
 CORPUS = REPO / "tests" / "security" / "corpus"
 EXTRA_SEEDS = {"webconfig": [REPO / "tests" / "fixtures" / "exporter-toolkit"]}
 
