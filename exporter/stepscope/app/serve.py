@@ -28,7 +28,6 @@ from stepscope.core.sampler import Sampler, SamplerSettings
 from stepscope.diagnose.api import diagnosis_json
 from stepscope.diagnose.page import status_page_html
 from stepscope.gpu.model import GpuBackend
-from stepscope.host.source import process_started
 from stepscope.ingest.aggregate import Aggregator, TrainingSettings
 from stepscope.ingest.listener import IngestAccess, IngestListener
 from stepscope.ingest.peak_flops import DATASHEET_PEAKS
@@ -227,7 +226,6 @@ async def run_server(
         defer_accept(sock, cfg.http_request_timeout)
     aggregator = Aggregator(
         training_settings_of(cfg), process_exited=process_exited, process_stamp=process_stamp,
-        process_started=process_started,
     )
     ingest = IngestListener(
         cfg.ingest, aggregator, IngestAccess(mode=cfg.ingest_mode, group=cfg.ingest_group)

@@ -8,6 +8,7 @@ field 22), which no two processes of one boot share.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,11 +44,25 @@ def stat_field(path: str, index: int) -> int | None:
 class ProcessStamp:
     """A process as first seen: its pid, start time (ticks since boot) and owner uid
     (of its ``/proc/<pid>`` directory); a process later found on the same pid with
-    another start time or uid is another process."""
+    another start time or uid is another process. ``started``: the start as Unix time
+    (:func:`started_unix`; None where the clocks do not say), for the goodput bill."""
 
     pid: int
     start: int
     uid: int
+    started: float | None = None
+
+
+def started_unix(ticks: int) -> float | None:
+    """A start in clock ticks since boot (``stat`` field 22) as Unix time, to a tick
+    (10 ms); None where the clocks do not say. psutil's ``create_time()`` adds the boot
+    time's whole second, off by up to a second: the ticks are set against
+    ``CLOCK_BOOTTIME`` instead, both read now."""
+    try:
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):  # no CLOCK_BOOTTIME: not Linux
+        return None
+    return time.time() - max(0.0, age)
 
 
 def process_stamp(pid: int, proc: Path = Path("/proc")) -> ProcessStamp | None:
@@ -61,7 +76,7 @@ def process_stamp(pid: int, proc: Path = Path("/proc")) -> ProcessStamp | None:
     except OSError:
         return None
     start = stat_field(path, STARTTIME)
-    return ProcessStamp(pid, start, uid) if start is not None else None
+    return ProcessStamp(pid, start, uid, started_unix(start)) if start is not None else None
 
 
 def process_exited(pid: int, stamp: ProcessStamp | None = None, proc: Path = Path("/proc")) -> bool:

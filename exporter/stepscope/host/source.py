@@ -21,7 +21,7 @@ import psutil
 
 from stepscope.core.exposition import Family
 from stepscope.core.labels import LabelSchema
-from stepscope.core.procfs import PPID, STARTTIME, stat_field
+from stepscope.core.procfs import PPID, STARTTIME, started_unix, stat_field
 from stepscope.core.source import ReadContext, Source
 from stepscope.host.metrics import host_families
 from stepscope.host.model import HOST_PART, HostReading, Pressure, ProcessReading, parse_pressure
@@ -61,17 +61,9 @@ class _Tracked:
 
 def process_started(pid: int, proc: Path = Path("/proc")) -> float | None:
     """When process ``pid`` started, as Unix time to a clock tick (10 ms); None where
-    ``/proc`` does not say. psutil's ``create_time()`` adds the boot time's whole
-    second, off by up to a second: the start in ticks since boot (``stat`` field 22)
-    is set against ``CLOCK_BOOTTIME`` instead, both read now."""
+    ``/proc`` does not say (:func:`stepscope.core.procfs.started_unix`)."""
     ticks = stat_field(os.path.join(proc, str(pid)), STARTTIME)
-    if ticks is None:
-        return None
-    try:
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, AttributeError):  # no CLOCK_BOOTTIME: not Linux
-        return None
-    return time.time() - max(0.0, age)
+    return started_unix(ticks) if ticks is not None else None
 
 
 class ProcessParents:

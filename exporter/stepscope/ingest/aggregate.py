@@ -557,9 +557,9 @@ class Aggregator:
     """Every live rank's accumulators and the ingest counters, behind one lock.
 
     ``clock`` is monotonic seconds (receive time, expiry and the MFU window);
-    ``wall_clock`` Unix time, to judge the steps' end times by. ``process_started``: when
-    the process of a kernel pid started (Unix time; None: unknown), read once per rank
-    process at its first step.
+    ``wall_clock`` Unix time, to judge the steps' end times by. ``process_stamp``: the
+    process of a kernel pid as /proc shows it (its start time, uid and start as Unix
+    time), read once per rank process at its first step: ownership and the bill read it.
     """
 
     def __init__(
@@ -569,12 +569,10 @@ class Aggregator:
         process_exited: Callable[[int, ProcessStamp | None], bool] | None = None,
         process_stamp: Callable[[int], ProcessStamp | None] | None = None,
         wall_clock: Callable[[], float] = time.time,
-        process_started: Callable[[int], float | None] | None = None,
     ) -> None:
         self._settings = settings or TrainingSettings()
         self._clock = clock
         self._wall = wall_clock
-        self._process_started = process_started or (lambda pid: None)
         # whether the process of a kernel pid, first seen as a stamp, has exited, and
         # the stamp of a live one (both read /proc: stepscope.core.procfs); without them
         # a rank is never taken over before it expires
@@ -675,7 +673,7 @@ class Aggregator:
         its counters keep it, but its hold starts at its receipt."""
         first = state.steps == 0
         if first and kpid:
-            state.started = self._started_at(kpid, now, wall)
+            state.started = self._started_at(state.owner_stamp, now, wall)
         t, dur = rec.t, rec.dur
         if t > wall + CLOCK_SLACK:
             t = wall
@@ -702,10 +700,11 @@ class Aggregator:
             comm=rec.comm * f, other=rec.other * f, spans=spans,
         )  # fmt: skip
 
-    def _started_at(self, kpid: int, now: float, wall: float) -> float | None:
-        """When the process of kernel pid ``kpid`` started, on the monotonic clock; None
-        where /proc does not say, or says a time to come."""
-        start = self._process_started(kpid)
+    @staticmethod
+    def _started_at(stamp: ProcessStamp | None, now: float, wall: float) -> float | None:
+        """When the rank's process (as stamped at its first step) started, on the
+        monotonic clock; None where /proc did not say, or says a time to come."""
+        start = stamp.started if stamp is not None else None
         if start is None or not math.isfinite(start) or start > wall:
             return None
         return now - (wall - start)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from stepscope.core.procfs import ProcessStamp
 from stepscope.diagnose.finished import FinishedRank
 from stepscope.diagnose.goodput import BADPUT_TYPES, END_GRACE, GoodputLedger
 from stepscope.diagnose.model import JobGoodput
@@ -53,12 +54,17 @@ class Run:
         # one clock for receipt and wall time: steps are received as they end
         self.agg = Aggregator(
             clock=self.clock, process_exited=lambda pid, _stamp: pid in self.exited,
-            wall_clock=self.clock, process_started=self.started.get,
+            wall_clock=self.clock, process_stamp=self.stamp,
         )
         self.ledger = GoodputLedger()
         self.kinds: dict[tuple[str, int], str] = {}
         self.finished: dict[tuple[str, int], FinishedRank] = {}
         self.books: tuple[JobGoodput, ...] = ()
+
+    def stamp(self, pid: int) -> ProcessStamp | None:
+        """The process as /proc shows it (the bill reads its start as Unix time)."""
+        started = self.started.get(pid)
+        return ProcessStamp(pid, 0, 0, started) if started is not None else None
 
     def step(self, step: int, sender: Sender = OWNER, **changes: Any) -> None:
         dur = changes.get("dur", 1.0)

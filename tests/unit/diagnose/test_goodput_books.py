@@ -28,6 +28,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from stepscope.core.procfs import ProcessStamp
 from stepscope.core.source import ReadContext, Source
 from stepscope.diagnose.analysis import DIAGNOSIS, DiagnosisAnalysis
 from stepscope.diagnose.model import Diagnosis
@@ -75,6 +76,11 @@ class World:
     def started(self, pid: int) -> float | None:
         p = self.by_kpid(pid)
         return p.start if p is not None and p.alive else None
+
+    def stamp(self, pid: int) -> ProcessStamp | None:
+        """The process as /proc shows it (the bill reads its start as Unix time)."""
+        started = self.started(pid)
+        return ProcessStamp(pid, 0, 0, started) if started is not None else None
 
     def exited(self, pid: int, stamp: object = None) -> bool:
         p = self.by_kpid(pid)
@@ -216,7 +222,7 @@ def test_any_datagrams_takeovers_and_exits_keep_the_books_within_the_wall_time_h
     for slot in range(4):
         world.spawn(slot, age=10.0, hidden=False)
     agg = Aggregator(clock=world.clock, process_exited=world.exited, wall_clock=world.wall,
-                     process_started=world.started)  # fmt: skip
+                     process_stamp=world.stamp)  # fmt: skip
     backend = SimulatedBackend(default_scenario(1), hostname="n", clock=world.clock)
     sampler = make_sampler(backend, hostname="n", clock=world.clock, wall_clock=world.wall,
                            sources=[IngestSource(agg), HostOf(world)],

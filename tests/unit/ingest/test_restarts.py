@@ -226,7 +226,7 @@ def test_a_process_on_the_owners_reused_pid_is_not_the_owner(tmp_path: Path) -> 
     stat = tmp_path / "42" / "stat"
     stat.write_bytes(b"42 (python) S 1 42 42 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5000 0\n")
     stamp = process_stamp(42, proc=tmp_path)
-    assert stamp == ProcessStamp(42, 5000, os.getuid())
+    assert stamp is not None and (stamp.pid, stamp.start, stamp.uid) == (42, 5000, os.getuid())
     assert process_exited(42, stamp, proc=tmp_path) is False
     # the owner exited and another process got pid 42: a later start time
     stat.write_bytes(b"42 (squatter) S 1 42 42 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 9000 0\n")
