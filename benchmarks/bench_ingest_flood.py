@@ -37,34 +37,8 @@ from benchmarks._local import (
     start_detached_exporter,
     stop_pid,
 )
-from tests.support.attacker import NOBODY, as_uid_command, attacker_env
+from tests.support.attacker import NOBODY, REFUSED_FLOOD, as_uid_command, attacker_env
 from tests.support.paths import EXPORTER
-
-FLOOD = """
-import json, os, socket, sys, time
-ingest, count = sys.argv[1], int(sys.argv[2])
-pid = os.getpid()
-answers = 0
-sock = None
-start = time.monotonic()
-for i in range(count):
-    if i % 100 == 0:  # a new alias every 100 datagrams; count the answers the old one got
-        if sock is not None:
-            sock.setblocking(False)
-            try:
-                while sock.recv(1024):
-                    answers += 1
-            except BlockingIOError:
-                pass
-            sock.close()
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        sock.bind(b"\\0flood-%d-%d" % (pid, i))
-    job = "held" if i % 2 else f"mine-{i}"
-    d = {"v": 1, "type": "step", "job": job, "rank": i % 100_000, "local_rank": 0,
-         "pid": pid, "step": i, "t": time.time(), "dur": 0.5}
-    sock.sendto(json.dumps(d).encode(), ingest)
-print(json.dumps({"sent": count, "seconds": time.monotonic() - start, "answers": answers}))
-"""
 
 
 def counted(port: int) -> float:
@@ -103,7 +77,7 @@ def run(pythonpath: str, count: int) -> dict[str, float]:
         lines_before = len(log.read_text().splitlines())
         cpu_before = proc_cpu_seconds(pid)
         done = subprocess.run(
-            as_uid_command(NOBODY, FLOOD, ingest, str(count)), capture_output=True,
+            as_uid_command(NOBODY, REFUSED_FLOOD, ingest, str(count)), capture_output=True,
             text=True, env=attacker_env(), check=True,
         )  # fmt: skip
         flood = json.loads(done.stdout)

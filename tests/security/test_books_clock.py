@@ -9,15 +9,11 @@ the books within the wall time observed, and the clamped counter says why.
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.support import Exporter, start_exporter, wait_for
-from tests.support.attacker import NOBODY, needs_setpriv, run_as, shared_dir
+from tests.support import Exporter, wait_for
+from tests.support.attacker import NOBODY, needs_setpriv, run_as, serve_0666
 from tests.support.ingest import scrape, value
 
 ATTACK = """
@@ -37,15 +33,6 @@ with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
 """
 
 
-@pytest.fixture
-def box() -> Iterator[Path]:
-    path = shared_dir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def books(exp: Exporter) -> float:
     fams = scrape(exp)
     total = value(fams, "stepscope_job_goodput_gpu_seconds_total", training_job="bill") or 0.0
@@ -59,8 +46,7 @@ def test_a_senders_clock_does_not_set_the_bill(box: Path, exporters: list[Export
     needs_setpriv()
     sock = box / "ingest.sock"
     start = time.monotonic()
-    exp = start_exporter(["--simulate", "1", "--interval", "0.2", "--ingest", f"unix://{sock}"],
-                         env={"STEPSCOPE_INGEST_MODE": "0666"})  # fmt: skip
+    exp = serve_0666(box)
     exporters.append(exp)
     for _ in range(2):  # the second process takes the rank over once the first has exited
         run_as(NOBODY, ATTACK, str(sock))

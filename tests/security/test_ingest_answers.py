@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from stepscope.shared.datagram import Refusal, parse_refusal
-from tests.support import Exporter, start_exporter, wait_for
-from tests.support.attacker import NOBODY, SECOND_UID, needs_setpriv, run_as, shared_dir, spawn_as
+from tests.support import Exporter, wait_for
+from tests.support.attacker import NOBODY, SECOND_UID, needs_setpriv, run_as, serve_0666, spawn_as
 from tests.support.ingest import scrape, step, value
 
 # The attacks, as the attacker's process runs them. argv: ingest path, then per attack.
@@ -98,15 +94,6 @@ for attempt in range(3):
 """
 
 
-@pytest.fixture
-def box() -> Iterator[Path]:
-    path = shared_dir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def victim(path: Path | bytes) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(str(path) if isinstance(path, Path) else path)
@@ -123,12 +110,10 @@ def received(sock: socket.socket) -> list[bytes]:
             return out
 
 
-def serve_0666(box: Path, cwd: Path) -> Exporter:
-    exp = start_exporter(
-        ["--simulate", "1", "--interval", "0.2", "--ingest", f"unix://{box}/ingest.sock"],
-        env={"STEPSCOPE_INGEST_MODE": "0666"}, cwd=str(cwd),
-    )  # fmt: skip
-    # root's own job "held" rank 0: every step the attacker sends for it is not_owner
+def serve_held(box: Path, cwd: Path) -> Exporter:
+    """A 0666 exporter holding root's own job "held": every step the attacker sends for
+    it is refused not_owner."""
+    exp = serve_0666(box, cwd)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.sendto(json.dumps(step("held", 0, 0, time.time(), None)).encode(),
                     str(box / "ingest.sock"))  # fmt: skip
@@ -154,7 +139,7 @@ def test_no_answer_reaches_a_socket_the_sender_named_by_path_or_in_another_names
     attacker_dir.mkdir()
     os.chown(attacker_dir, NOBODY, NOBODY)
     host_name = b"\0stepscope-victim-%d" % os.getpid()
-    exp = serve_0666(box, exporter_cwd)
+    exp = serve_held(box, exporter_cwd)
     victims = {
         "relative path in the exporter's cwd": victim(exporter_cwd / "secret" / "v.sock"),
         "symlink target": victim(root_only / "v.sock"),
@@ -182,7 +167,7 @@ def test_no_answer_reaches_a_socket_the_sender_named_by_path_or_in_another_names
 
 def test_a_flood_of_aliases_does_not_spend_another_users_answers(box: Path) -> None:
     needs_setpriv()
-    exp = serve_0666(box, box)
+    exp = serve_held(box, box)
     try:
         flood = spawn_as(NOBODY, ALIASES, str(box / "ingest.sock"), "6")
         wait_for(lambda: not_owner(exp) >= 500, timeout=30)  # the flood is on

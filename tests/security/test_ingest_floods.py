@@ -14,42 +14,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support import Exporter, start_exporter, wait_for
+from tests.support import Exporter, wait_for
 from tests.support.attacker import (
     NOBODY,
+    REFUSED_FLOOD,
     SECOND_UID,
     as_uid_command,
     attacker_env,
     needs_setpriv,
     run_as,
-    shared_dir,
+    serve_0666,
 )
 from tests.support.ingest import scrape, step, value
-
-FLOOD = """
-import json, os, socket, sys, time
-ingest, count = sys.argv[1], int(sys.argv[2])
-pid = os.getpid()
-sent = 0
-with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-    for i in range(count):
-        # another user's job, a new rank each time; then jobs of our own past every cap
-        job = "held" if i % 2 else f"mine-{i}"
-        d = {"v": 1, "type": "step", "job": job, "rank": i % 100_000, "local_rank": 0,
-             "pid": pid, "step": i, "t": time.time(), "dur": 0.5}
-        s.sendto(json.dumps(d).encode(), ingest)  # blocking: the kernel drops none
-        sent += 1
-print(sent)
-"""
 
 # a rank of SECOND_UID: reports one step of rank 0 of job "resumed" (argv: ingest path,
 # step), then lives until its stdin closes; the same user's next process takes it over
@@ -66,22 +49,6 @@ sys.stdin.read()
 SQUAT = "import sys; print('up', flush=True); sys.stdin.read()"
 
 
-@pytest.fixture
-def box() -> Iterator[Path]:
-    path = shared_dir()
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def serve_0666(box: Path) -> Exporter:
-    return start_exporter(
-        ["--simulate", "1", "--interval", "0.2", "--ingest", f"unix://{box}/ingest.sock"],
-        env={"STEPSCOPE_INGEST_MODE": "0666"},
-    )
-
-
 def rejected_total(exp: Exporter) -> float:
     return sum(v for _, v in scrape(exp).get("stepscope_ingest_rejected_total", []))
 
@@ -95,8 +62,8 @@ def test_a_flood_of_refused_datagrams_writes_a_bounded_number_of_lines(box: Path
                         str(box / "ingest.sock"))  # fmt: skip
         wait_for(lambda: value(scrape(exp), "stepscope_steps_total", training_job="held") == 1)
         before = len(exp.stderr_lines)
-        flood = run_as(NOBODY, FLOOD, str(box / "ingest.sock"), "30000", timeout=300)
-        sent = int(flood.stdout)
+        flood = run_as(NOBODY, REFUSED_FLOOD, str(box / "ingest.sock"), "30000", timeout=300)
+        sent = json.loads(flood.stdout)["sent"]
         # every refused datagram is counted, whatever the log says
         accepted = lambda: value(scrape(exp), "stepscope_ingest_datagrams_total") or 0.0  # noqa: E731
         # wait until the exporter has counted what it received (the count holds still)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO
+from tests.support.exporter import Exporter, start_exporter
 
 NOBODY = 65534  # uid and gid of nobody / nogroup
 SECOND_UID = 4321  # a second unprivileged user: no passwd entry needed
@@ -71,3 +72,43 @@ def shared_dir(owner: int = 0, mode: int = 0o755) -> Path:
     os.chown(path, owner, owner)
     path.chmod(mode)
     return path
+
+
+def serve_0666(box: Path, cwd: Path | None = None) -> Exporter:
+    """A real ``stepscope serve`` (run by the test's user: root in CI) whose Unix ingest
+    at ``box/ingest.sock`` any local user may reach (``ingest_mode`` 0666)."""
+    return start_exporter(
+        ["--simulate", "1", "--interval", "0.2", "--ingest", f"unix://{box}/ingest.sock"],
+        env={"STEPSCOPE_INGEST_MODE": "0666"}, cwd=str(cwd) if cwd is not None else None,
+    )  # fmt: skip
+
+
+# A flood of refused datagrams (argv: ingest path, count), run as another uid: half for
+# another user's job "held" with a new rank each, half for new jobs of its own past every
+# cap, from a new abstract name every 100 (aliases), blocking sends (the kernel drops
+# none). Prints {"sent", "seconds", "answers"} (the answers its names received).
+REFUSED_FLOOD = """
+import json, os, socket, sys, time
+ingest, count = sys.argv[1], int(sys.argv[2])
+pid = os.getpid()
+answers = 0
+sock = None
+start = time.monotonic()
+for i in range(count):
+    if i % 100 == 0:  # a new alias every 100 datagrams; count the answers the old one got
+        if sock is not None:
+            sock.setblocking(False)
+            try:
+                while sock.recv(1024):
+                    answers += 1
+            except BlockingIOError:
+                pass
+            sock.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        sock.bind(b"\\0flood-%d-%d" % (pid, i))
+    job = "held" if i % 2 else f"mine-{i}"
+    d = {"v": 1, "type": "step", "job": job, "rank": i % 100_000, "local_rank": 0,
+         "pid": pid, "step": i, "t": time.time(), "dur": 0.5}
+    sock.sendto(json.dumps(d).encode(), ingest)
+print(json.dumps({"sent": count, "seconds": time.monotonic() - start, "answers": answers}))
+"""
