@@ -3,12 +3,13 @@ repository holds what they make.
 
 Exit status: 0 when done (or, with ``--check``, when every generated file is current), 1
 when ``--check`` finds a file that differs, ``stepscope.__version__`` is not
-MAJOR.MINOR.PATCH or the chart archive cannot be built, 2 when the Helm engine is not
-installed or for a bad argument (one line naming it).
+MAJOR.MINOR.PATCH or the chart archive cannot be built, 2 when the Helm engine or Grafana's
+SDK is not installed or for a bad argument (one line naming it).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -20,7 +21,6 @@ from generate import (
     agents,
     chart_copies,
     chart_package,
-    dashboards,
     field_table,
     manifests,
     rules,
@@ -39,10 +39,21 @@ from generate.constants import (
 )
 from stepscope.app.args import ArgumentParser
 
-NO_HELM = (
-    "python -m generate renders the chart with the Helm engine in-process: "
-    "pip install helm-python-sdk (or the test extra: pip install -e '.[test]')"
+# what the generators import beyond the exporter's own dependencies (module, distribution),
+# each imported by the step that uses it
+NEEDS = (("helm_python", "helm-python-sdk"), ("grafana_foundation_sdk", "grafana-foundation-sdk"))
+MISSING = (
+    "python -m generate renders the chart with the Helm engine in-process and builds the "
+    "dashboards with Grafana's typed builders; not installed: {}. "
+    "pip install -e '.[test]' brings both"
 )
+
+
+def _dashboards(repo: Path) -> list[str]:
+    from generate import dashboards
+
+    written: list[str] = dashboards.write(repo)  # typed at 3.11 only (pyproject.toml)
+    return written
 
 
 def _chart_copies(repo: Path) -> list[str]:
@@ -56,7 +67,7 @@ STEPS: tuple[Callable[[Path], list[str]], ...] = (
     # the values schema's config keys, from stepscope.app.config
     values_schema.write,
     field_table.write,
-    dashboards.write,
+    _dashboards,
     rules.write,
     # the agents' keep list reads the two above; their scrape configs prometheus-*.yml
     agents.write,
@@ -143,10 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--package {args.package}: cannot make it: {exc.strerror or exc}")
         if not os.access(args.package, os.W_OK):
             parser.error(f"--package {args.package}: not writable")
-    try:
-        import helm_python  # noqa: F401
-    except ImportError:
-        print(NO_HELM, file=sys.stderr)
+    missing = [dist for module, dist in NEEDS if importlib.util.find_spec(module) is None]
+    if missing:
+        print(MISSING.format(", ".join(missing)), file=sys.stderr)
         return 2
     try:
         if args.check:

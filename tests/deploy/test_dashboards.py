@@ -1,12 +1,16 @@
 """The Grafana dashboards: generated from code, consistent, and reading what exists.
 
 No Grafana server runs here: the dashboards are proven by their structure, by their
-generator, and (tests/e2e/test_prometheus.py) by every query returning data from a real
-Prometheus scraping simulated nodes.
+generator, by their meaning (panels, queries, variables, options) held still across the
+builders that write them, and (tests/e2e/test_prometheus.py) by every query returning data
+from a real Prometheus scraping simulated nodes.
+
+    python -m tests.deploy.test_dashboards    # after a deliberate change: rewrite MEANING
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Iterator
@@ -16,9 +20,13 @@ import pytest
 import yaml
 
 from generate import dashboards
+from stepscope.core.labels import with_host_label
 from tests.support import REPO
 
 DASHBOARDS = REPO / "dashboards"
+# What the dashboards mean: each one as Grafana reads it, keys at Grafana's defaults
+# dropped (normalised below), from the hand-built JSON the typed builders replaced
+MEANING = REPO / "tests" / "fixtures" / "dashboards"
 PANEL_TYPES = {"timeseries", "table", "heatmap", "stat", "state-timeline", "row"}
 VARIABLES = {"datasource", "cluster", "training_job", "Hostname", "gpu"}
 # host label -> the folder of its dashboards (one source: the generator)
@@ -40,6 +48,105 @@ def queries(dash: dict[str, Any]) -> Iterator[tuple[str, str]]:
     for panel in panels(dash):
         for target in panel.get("targets", []):
             yield panel["title"], target["expr"]
+
+
+# Keys Grafana reads as this value when they are absent (its schema's and panel plugins'
+# defaults, Grafana 10.4): grafana-foundation-sdk writes them, the hand-built JSON before it
+# did not, so they are dropped before the meaning is compared, and only at that value. A
+# dotted key is nested. A new SDK that writes another default fails the meaning test
+# naming it: add it here once Grafana's default says it changes nothing.
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "dashboard": {"fiscalYearStartMonth": 0},
+    "link": {"icon": "", "tooltip": "", "tags": [], "asDropdown": False, "targetBlank": False,
+             "includeVars": False, "keepTime": False},
+    # a data-source variable's current {} is "the default data source"; auto* belong to
+    # interval variables and are ignored by the others
+    "variable": {"current": {}, "skipUrlSync": False, "auto": False, "auto_count": 30,
+                 "auto_min": "10s"},
+    "panel": {"transparent": False, "repeatDirection": "h"},
+    # options by panel type
+    "stat": {"wideLayout": True, "showPercentChange": False},
+    "table": {"frameIndex": 0, "showTypeIcons": False, "footer.reducer": []},
+    # exponent and fill are read by the opacity colour mode only (ours is a scheme)
+    "heatmap": {"exemplars": {"color": "rgba(255,0,255,0.7)"}, "filterValues": {"le": 1e-9},
+                "color.exponent": 0.5, "color.fill": "dark-orange"},
+    "state-timeline": {"alignValue": "left", "legend.calcs": [],
+                       "tooltip": {"mode": "single", "sort": "none"}},
+}
+
+
+def _drop_defaults(node: dict[str, Any], defaults: dict[str, Any]) -> None:
+    for dotted, value in defaults.items():
+        *parents, key = dotted.split(".")
+        parent = node
+        for name in parents:
+            parent = parent.get(name, {})
+        if key in parent and parent[key] == value:
+            del parent[key]
+
+
+def meaning(dash: dict[str, Any]) -> dict[str, Any]:
+    """The dashboard with every key that holds Grafana's default for it dropped."""
+    dash = copy.deepcopy(dash)
+    _drop_defaults(dash, DEFAULTS["dashboard"])
+    for link in dash["links"]:
+        _drop_defaults(link, DEFAULTS["link"])
+    for variable in dash["templating"]["list"]:
+        _drop_defaults(variable, DEFAULTS["variable"])
+    for panel in panels(dash):
+        _drop_defaults(panel, DEFAULTS["panel"])
+        _drop_defaults(panel.get("options", {}), DEFAULTS.get(panel["type"], {}))
+    return dash
+
+
+def _first_difference(want: Any, got: Any, path: str = "") -> str:
+    if isinstance(want, dict) and isinstance(got, dict):
+        for key in sorted(set(want) | set(got)):
+            if key not in got:
+                return f"{path}.{key}: missing"
+            if key not in want:
+                return f"{path}.{key}: added, {json.dumps(got[key])[:200]}"
+            found = _first_difference(want[key], got[key], f"{path}.{key}")
+            if found:
+                return found
+        return ""
+    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        for i, (a, b) in enumerate(zip(want, got, strict=True)):
+            found = _first_difference(a, b, f"{path}[{i}]")
+            if found:
+                return found
+        return ""
+    return "" if want == got else f"{path}: {json.dumps(want)[:200]} -> {json.dumps(got)[:200]}"
+
+
+def expected_meaning(host_label: str) -> dict[str, dict[str, Any]]:
+    return {p.name: json.loads(with_host_label(p.read_text(), host_label))
+            for p in sorted(MEANING.glob("*.json"))}
+
+
+@pytest.mark.parametrize(("host_label", "folder"), FOLDERS.items())
+def test_the_dashboards_mean_what_they_meant(host_label: str, folder: str) -> None:
+    """Same panels (titles, types, places, units, thresholds, options), same queries, same
+    variables as the fixture, whatever defaults the builders add."""
+    want = expected_meaning(host_label)
+    got = {name: meaning(dash) for name, dash in committed(folder).items()}
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name] == want[name], f"{name}{_first_difference(want[name], got[name])}"
+
+
+def test_meaning_drops_only_defaults() -> None:
+    """A key at a value other than Grafana's default stays: it changes what is drawn."""
+    fleet = committed()["stepscope-fleet.json"]
+    stat = next(p for p in fleet["panels"] if p["type"] == "stat")
+    heat = next(p for p in fleet["panels"] if p["type"] == "heatmap")
+    assert "wideLayout" not in meaning(fleet)["panels"][0]["options"]
+    stat["options"]["wideLayout"] = False
+    heat["options"]["color"]["exponent"] = 2
+    kept = {p["title"]: p["options"] for p in meaning(fleet)["panels"]}
+    assert kept[stat["title"]]["wideLayout"] is False
+    assert kept[heat["title"]]["color"]["exponent"] == 2
+    assert "transparent" not in kept and "fiscalYearStartMonth" not in meaning(fleet)
 
 
 @pytest.mark.parametrize(("host_label", "folder"), FOLDERS.items())
@@ -146,3 +253,12 @@ def test_docs_describe_every_dashboard_panel() -> None:
         for panel in panels(dash):
             if panel["type"] != "row":
                 assert panel["title"] in doc, panel["title"]
+
+
+if __name__ == "__main__":
+    # after a deliberate change to a dashboard, once python -m generate has written it
+    MEANING.mkdir(parents=True, exist_ok=True)
+    for path in MEANING.glob("*.json"):
+        path.unlink()
+    for name, dash in committed().items():
+        (MEANING / name).write_text(json.dumps(meaning(dash), indent=2, sort_keys=True) + "\n")

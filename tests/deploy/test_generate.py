@@ -122,14 +122,17 @@ def test_check_names_a_missing_file_and_a_copy_left_behind(checkout: Path) -> No
     assert "helm/stepscope/rules/stepscope-old.yml: not generated" in run.stderr.splitlines()
 
 
-def test_without_the_helm_engine_the_command_says_what_to_install(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(("module", "distribution"), pipeline.NEEDS)
+def test_without_the_helm_engine_or_grafanas_sdk_the_command_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], module: str,
+    distribution: str,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "helm_python", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, module, None)  # not found, and import raises ImportError
     assert pipeline.main(["--check"]) == 2
     out = capsys.readouterr()
     assert out.out == ""
-    assert out.err.count("\n") == 1 and "pip install helm-python-sdk" in out.err
+    assert out.err.count("\n") == 1
+    assert f"not installed: {distribution}. pip install -e '.[test]'" in out.err
 
 
 def _set_version(checkout: Path, version: str) -> None:
