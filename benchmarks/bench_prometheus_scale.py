@@ -72,11 +72,14 @@ QUERIES = {
         " / rate(stepscope_step_duration_seconds_count[2m])"),
     "straggler score, recorded": "training_job_rank:stepscope_straggler_score:ratio",
 }
-# Gauges that are constants of the node or the configuration: served unchanged.
+# Gauges that are constants of the node or the configuration: served unchanged. (The power
+# limits too: the clock rules carry the enforced limit as a label, so a wandering limit
+# would start new recorded series at every evaluation.)
 STATIC_GAUGES = {
     "stepscope_gpu_peak_flops", "stepscope_sampling_interval_seconds",
     "stepscope_training_ranks", "stepscope_http_max_connections", "process_max_fds",
     "process_start_time_seconds", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+    "DCGM_FI_DEV_ENFORCED_POWER_LIMIT", "DCGM_FI_DEV_POWER_MGMT_LIMIT_DEF",
 }
 
 
@@ -178,7 +181,8 @@ def parse_template(text: str) -> tuple[list[str], list[Slot]]:
         family = re.sub(r"_(bucket|sum|count)$", "", name)
         kind = types.get(name) or types.get(family, "untyped")
         v0 = float(value)
-        if kind in ("counter", "histogram") or name.endswith("_total"):
+        if kind in ("counter", "histogram") or name.endswith("_total") or (
+                kind == "summary" and name != family):  # a summary's _sum and _count
             slot_kind = "counter"
         elif name.endswith("_timestamp_seconds"):
             slot_kind = "timestamp"
@@ -228,13 +232,44 @@ def values_at(slots: list[Slot], t: float, t0: float, slow: bool) -> list[str]:
     return out
 
 
-def serve_fleet(template: str, layout: Layout, port: int, ready: Any) -> None:
-    """The fake-target process: aiohttp on 127.0.0.1:port, /node-<i>/metrics."""
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """A fault injected into one node at a known time: from then on the value of sample
+    ``slot`` (an index into the template's slots) rises ``per_s`` a second faster (a
+    violation counter that starts counting, a rank's compute phase that grows)."""
+
+    node: int
+    slot: int
+    per_s: float
+
+
+def template_slot(template: str, name: str, *labels: str) -> int:
+    """The index of the template's sample ``name`` carrying every label of ``labels``
+    (e.g. 'gpu="3"'); ValueError when none does."""
+    pieces, _ = parse_template(template)
+    for i, piece in enumerate(pieces[:-1]):
+        line = piece.rsplit("\n", 1)[-1]
+        if line.startswith(name + "{") and all(label in line for label in labels):
+            return i
+    raise ValueError(f"no sample {name}{{{','.join(labels)}}} in the template")
+
+
+def serve_fleet(template: str, layout: Layout, port: int, ready: Any,
+                shard: tuple[int, int] = (0, 1), faults: tuple[Fault, ...] = (),
+                fault_at: Any = None) -> None:  # fmt: skip
+    """The fake-target process: aiohttp on 127.0.0.1:port, /node-<i>/metrics for the nodes
+    of ``shard`` (index, count: node i where i % count == index). ``faults`` start at
+    ``fault_at.value`` (a shared double, wall-clock seconds; inf until the parent sets it)."""
     from aiohttp import web
 
     _, slots = parse_template(template)
-    nodes = [parse_template(node_text(template, layout, i))[0] for i in range(layout.nodes)]
+    index, count = shard
+    nodes = {i: parse_template(node_text(template, layout, i))[0]
+             for i in range(index, layout.nodes, count)}  # fmt: skip
     slow = [layout.slow(i) for i in range(layout.nodes)]
+    faulty: dict[int, list[Fault]] = {}
+    for fault in faults:
+        faulty.setdefault(fault.node, []).append(fault)
     t0 = time.time()
     cache: dict[tuple[int, bool], list[str]] = {}
 
@@ -248,10 +283,16 @@ def serve_fleet(template: str, layout: Layout, port: int, ready: Any) -> None:
 
     async def metrics(request: web.Request) -> web.Response:
         node = int(request.match_info["node"])
-        if node >= layout.nodes:
+        pieces = nodes.get(node)  # one more than vals: the text after the last sample
+        if pieces is None:
             raise web.HTTPNotFound()
-        vals = values(int(time.time()), slow[node])
-        pieces = nodes[node]  # one more than vals: the text after the last sample
+        now = time.time()
+        vals = values(int(now), slow[node])
+        if node in faulty and now >= fault_at.value:
+            vals = list(vals)
+            for fault in faulty[node]:
+                vals[fault.slot] = repr(float(vals[fault.slot])
+                                        + fault.per_s * (now - fault_at.value))
         body = "".join(itertools.chain.from_iterable(zip(pieces[:-1], vals, strict=True)))
         body += pieces[-1]
         headers = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
@@ -263,7 +304,7 @@ def serve_fleet(template: str, layout: Layout, port: int, ready: Any) -> None:
 
     app = web.Application()
     app.router.add_get(r"/node-{node:\d+}/metrics", metrics)
-    ready.send(sum(len(p) for p in nodes[0]))
+    ready.send(sum(len(p) for p in next(iter(nodes.values()), [])))
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None,
                 handle_signals=True)
 
@@ -298,13 +339,15 @@ def seconds_of(interval: str) -> float:
     return int(match.group(1)) * {"ms": 0.001, "s": 1.0, "m": 60.0}[match.group(2)]
 
 
-def fleet_scrape_config(port: int, layout: Layout) -> dict[str, Any]:
-    """The scrape job for every node of the fake fleet on ``port``, as shipped:
+def fleet_scrape_config(port: int | list[int], layout: Layout) -> dict[str, Any]:
+    """The scrape job for every node of the fake fleet on ``port`` (node i on
+    ``port[i % len(port)]`` where the fleet is served in shards), as shipped:
     honor_labels false, the cluster a target label."""
+    ports = port if isinstance(port, list) else [port]
     return {
         "job_name": "stepscope", "honor_labels": False,
         "static_configs": [
-            {"targets": [f"127.0.0.1:{port}"],
+            {"targets": [f"127.0.0.1:{ports[i % len(ports)]}"],
              "labels": {"__metrics_path__": f"/node-{i:04d}/metrics",
                         "instance": f"node-{i:04d}:9400",
                         "cluster": layout.cluster(i)}}
@@ -312,17 +355,36 @@ def fleet_scrape_config(port: int, layout: Layout) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def start_fleet_shards(template: str, layout: Layout, shards: int,
+                       faults: tuple[Fault, ...] = (), fault_at: Any = None
+                       ) -> tuple[list[Any], list[int], int]:  # fmt: skip
+    """The fleet served by ``shards`` processes (one port each, node i by the
+    (i % shards)-th, so serving a large fleet is never the bottleneck), started and ready:
+    (the processes, their ports, the bytes of one node's body)."""
+    ctx = multiprocessing.get_context("fork")
+    procs, ports, pipes = [], [], []
+    for index in range(shards):
+        port = free_port()
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=serve_fleet, daemon=True, args=(
+            template, layout, port, send, (index, shards), faults, fault_at))
+        proc.start()
+        procs.append(proc)
+        ports.append(port)
+        pipes.append(receive)
+    sizes = []
+    for receive in pipes:
+        if not receive.poll(300):
+            raise RuntimeError("the fleet server did not start")
+        sizes.append(int(receive.recv()))
+    return procs, ports, max(sizes)
+
+
 def start_fleet(template: str, layout: Layout) -> tuple[Any, int, Any]:
     """The fake-target process started and ready: (the process, its port, what it sent
     when ready: the bytes of one node's body)."""
-    port = free_port()
-    receive, send = multiprocessing.Pipe(duplex=False)
-    fleet = multiprocessing.get_context("fork").Process(
-        target=serve_fleet, args=(template, layout, port, send), daemon=True)
-    fleet.start()
-    if not receive.poll(300):
-        raise RuntimeError("the fleet server did not start")
-    return fleet, port, receive.recv()
+    procs, ports, size = start_fleet_shards(template, layout, 1)
+    return procs[0], ports[0], size
 
 
 def run(prometheus: str, template: str, layout: Layout, warmup: float, seconds: float,

@@ -142,27 +142,30 @@ def central_prometheus(tmp: Path, alertmanagers: Sequence[str],
     ], port, "/-/ready")  # fmt: skip
 
 
-def victoria_metrics(tmp: Path, scrape_interval: str = "5s") -> Server:
+def victoria_metrics(tmp: Path, scrape_interval: str = "5s",
+                     extra: Sequence[str] = ()) -> Server:  # fmt: skip
     """Single-node VictoriaMetrics with the documented flags (docs/scaling.md): the agent
     pair's ``replica`` dropped (deploy/victoriametrics/relabel.yml) and one sample kept per
     series and scrape interval, the last 5 s (an agent's batch) hidden from queries
-    instead of the default 30 s."""
+    instead of the default 30 s. ``extra``: more flags (a benchmark's scrape config,
+    its fleet-size limits)."""
     binary = require_tool("victoria-metrics", "victoria-metrics", REQUIRED_BY)
     port = free_port()
     return Server(tmp / "vm", "victoria-metrics", [
         binary, f"-storageDataPath={tmp / 'vm' / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
         f"-relabelConfig={VM_RELABEL}", f"-dedup.minScrapeInterval={scrape_interval}",
-        "-search.latencyOffset=5s", "-retentionPeriod=1d", "-loggerLevel=WARN",
+        "-search.latencyOffset=5s", "-retentionPeriod=1d", "-loggerLevel=WARN", *extra,
     ], port, "/health")  # fmt: skip
 
 
 def vmalert(tmp: Path, vm: str, notifiers: Sequence[str],
-            evaluation_interval: str = "5s") -> Server:  # fmt: skip
+            evaluation_interval: str = "5s", extra: Sequence[str] = ()) -> Server:  # fmt: skip
     """vmalert with the documented flags evaluating the shipped MetricsQL rules
     (deploy/prometheus/rules-victoriametrics/), unchanged, against VictoriaMetrics:
     recorded series and alert state written back to it, state restored from it on a
     restart, a value looked up at most one evaluation back (-datasource.queryStep, 5m
-    by default, kept a dead node's series readable for minutes)."""
+    by default, kept a dead node's series readable for minutes). ``extra``: more flags
+    (a fleet-size remote-write queue)."""
     binary = require_tool("vmalert", "victoria-metrics", REQUIRED_BY)
     (tmp / "vmalert").mkdir(parents=True, exist_ok=True)
     port = free_port()
@@ -172,7 +175,7 @@ def vmalert(tmp: Path, vm: str, notifiers: Sequence[str],
         *[f"-notifier.url={n}" for n in notifiers],
         f"-evaluationInterval={evaluation_interval}",
         f"-datasource.queryStep={evaluation_interval}",
-        f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN",
+        f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN", *extra,
     ], port, "/health")  # fmt: skip
 
 

@@ -10,10 +10,10 @@ def require_tool(name: str, package: str, required_by: str) -> str:
     """Path of the command ``name``; without it the test skips, or fails when the
     environment variable ``required_by`` is set (CI sets it: a missing install step
     must not pass as a skip)."""
-    import pytest  # here, not above: scripts import tests.support where pytest may be absent
-
     path = shutil.which(name)
     if path is None:
+        import pytest  # here: scripts import tests.support where pytest may be absent
+
         if os.environ.get(required_by):
             pytest.fail(f"{name} is required ({required_by} is set; Debian package {package})")
         pytest.skip(f"{name} not installed (Debian package {package})")
