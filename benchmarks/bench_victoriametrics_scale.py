@@ -207,12 +207,13 @@ def groups_of(vma: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, d
     return out
 
 
-def run(args: argparse.Namespace, out: Path, deadline: float) -> dict[str, Any]:
+def run(args: argparse.Namespace, out: Path, deadline: float, result: dict[str, Any]) -> None:
+    """The benchmark; its figures go into ``result`` as they come (kept if time runs out)."""
     layout = Layout(args.nodes, args.nodes_per_job)
-    result: dict[str, Any] = {
+    result.update({
         "nodes": args.nodes, "nodes_per_job": args.nodes_per_job, "interval": INTERVAL,
         "cpus": os.cpu_count(), "memory_gib": psutil.virtual_memory().total / 2**30,
-    }  # fmt: skip
+    })  # fmt: skip
     t = time.monotonic()
     template = one_node_exposition()
     _, slots = parse_template(template)
@@ -319,8 +320,8 @@ def run(args: argparse.Namespace, out: Path, deadline: float) -> dict[str, Any]:
         result["alerts_firing"] = {lab["alertname"]: v for lab, v in
                                    vmam.get("vmalert_alerts_firing", []) if v}  # fmt: skip
         result["load"] = os.getloadavg()[0]
-        result["query_ms"] = query_times(vm.url, deadline - args.reserve / 2)
-        return result
+        result["query_ms"] = {}  # filled as each query is timed
+        query_times(vm.url, deadline - args.reserve / 2, result["query_ms"])
     finally:
         signal.alarm(0)  # the shutdown below is bounded (SIGKILL after 10 s); let it finish
         webhook.stop()
@@ -334,15 +335,14 @@ def run(args: argparse.Namespace, out: Path, deadline: float) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def query_times(url: str, until: float) -> dict[str, float]:
+def query_times(url: str, until: float, out: dict[str, float]) -> None:
     """A dashboard's instant queries (bench_prometheus_scale's, raw and recorded), the
-    median of 3 in ms each, as long as time is left before ``until`` (monotonic)."""
-    out: dict[str, float] = {}
+    median of 3 in ms each into ``out``, as long as time is left before ``until``."""
     for name, q in QUERIES.items():
         times = []
         for _ in range(3):
             if time.monotonic() > until:
-                return out
+                return
             t = time.perf_counter()
             with urllib.request.urlopen(
                     f"{url}/api/v1/query?" + urllib.parse.urlencode({"query": q}),
@@ -350,7 +350,6 @@ def query_times(url: str, until: float) -> dict[str, float]:
                 resp.read()
             times.append(time.perf_counter() - t)
         out[name] = 1000 * statistics.median(times)
-    return out
 
 
 def rule_errors(vma: dict[str, list[tuple[dict[str, str], float]]]) -> float:
@@ -521,9 +520,9 @@ def main() -> int:
     signal.alarm(int(args.budget - args.reserve / 3))  # if a read hangs past the loop's deadline
     result: dict[str, Any] = {"nodes": args.nodes}
     try:
-        result = run(args, args.out, deadline)
+        run(args, args.out, deadline, result)
     except OutOfTime:
-        result["error"] = "out of time before the measured stretch"
+        result["error"] = "out of time (--budget)"
     except Exception as exc:  # a benchmark reports what broke, with what it has
         result["error"] = f"{type(exc).__name__}: {exc}"
         raise
@@ -531,7 +530,10 @@ def main() -> int:
         signal.alarm(0)
         result["wall_s"] = time.monotonic() - start
         (args.out / "fleet.json").write_text(json.dumps(result, indent=1, default=str))
-        text = report(result)
+        try:
+            text = report(result)
+        except KeyError as exc:  # stopped between two of the last reads
+            text = f"# {args.nodes:,} nodes: incomplete ({exc} missing), see fleet.json\n"
         (args.out / "fleet.md").write_text(text)
         print(text, flush=True)
     ok = "seconds" in result and result["rule_errors"] == 0 and len(result["onset_s"]) == 2
