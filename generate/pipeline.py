@@ -22,6 +22,7 @@ from generate import (
     chart_copies,
     chart_package,
     field_table,
+    fleet,
     manifests,
     rules,
     values_schema,
@@ -71,13 +72,17 @@ STEPS: tuple[Callable[[Path], list[str]], ...] = (
     rules.write,
     # the agents' keep list reads the two above; their scrape configs prometheus-*.yml
     agents.write,
+    # the tier's manifests embed the agent configuration, the rules for vmalert, the
+    # Alertmanager and VictoriaMetrics files
+    fleet.write,
     # copies the dashboards and rules into the chart, so after them
     _chart_copies,
     # renders the chart with its copies, so last
     manifests.write,
 )
 # every folder a step reads or writes: --check runs the steps on a copy of these
-TREES = (DASHBOARDS_DIR, PROMETHEUS_DIR, CHART_DIR, MANIFESTS_DIR, METRICS_DOC.parent)
+TREES = (DASHBOARDS_DIR, PROMETHEUS_DIR, CHART_DIR, MANIFESTS_DIR, METRICS_DOC.parent,
+         fleet.ALERTMANAGER_DIR, fleet.VICTORIAMETRICS_DIR)
 # and every single file outside them
 FILES = (VERSION_FILE, DOCKERFILE)
 _SKIP = "__pycache__"

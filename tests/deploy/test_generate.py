@@ -64,15 +64,17 @@ def test_check_names_an_edited_generated_file_and_a_run_repairs_it(checkout: Pat
 
 def test_check_names_every_file_made_from_an_edited_source(checkout: Path) -> None:
     # a rule source: the rendered rule, its hostname and VictoriaMetrics variants, the
-    # chart's copies of the first two
-    # and the PrometheusRule of the plain manifests are made from it, in that order
+    # chart's copies of the first two, the PrometheusRule of the plain manifests, and the
+    # fleet tier's vmalert ConfigMap and VMRule (the VictoriaMetrics variant) are made from it
     source = checkout / "deploy" / "prometheus" / "rules-src" / "stepscope-alerts.yml"
     source.write_text(source.read_text().replace("for: 5m", "for: 6m", 1))
     run = generate(checkout, "--check")
     assert run.returncode == 1
     differs = ": differs from what the generators make"
     assert run.stderr.splitlines() == [
+        f"deploy/kubernetes/fleet.yaml{differs}",
         f"deploy/kubernetes/monitoring.yaml{differs}",
+        f"deploy/kubernetes/victoriametrics-operator.yaml{differs}",
         f"deploy/prometheus/rules/stepscope-alerts.yml{differs}",
         f"deploy/prometheus/rules-hostname/stepscope-alerts.yml{differs}",
         f"deploy/prometheus/rules-victoriametrics/stepscope-alerts.yml{differs}",

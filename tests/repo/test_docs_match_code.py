@@ -38,6 +38,7 @@ OTHER_TOOLS = {
     "--pid": "py-spy dump", "--format": "buildah bud",
     "--enable-feature": "prometheus",
     "--cpu-bind": "srun (Slurm)",
+    "--cluster": "alertmanager (--cluster.peer, ...)", "--create-namespace": "helm",
 }
 
 

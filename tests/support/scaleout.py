@@ -179,18 +179,15 @@ def vmalert(tmp: Path, vm: str, notifiers: Sequence[str],
     ], port, "/health")  # fmt: skip
 
 
-def alertmanager(tmp: Path, name: str, receiver: str, peers: Sequence[str] = (),
-                 gossip_port: int | None = None, wait: str | None = None) -> Server:  # fmt: skip
-    """Alertmanager with the shipped configuration, only every receiver's webhook
-    pointed at ``receiver``/<receiver name>; a cluster member gossiping on
-    ``gossip_port`` with ``peers`` (host:port) where given, else alone. ``wait``:
-    every group_wait and group_interval set to it (the routing tests' clock), else as
-    shipped."""
-    binary = require_tool("prometheus-alertmanager", "prometheus-alertmanager", REQUIRED_BY)
-    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+def alertmanager_config(receiver: str, wait: str | None = None,
+                        keys: Sequence[str] = ("group_wait",)) -> dict[str, Any]:
+    """The shipped Alertmanager configuration with every receiver's webhook pointed at
+    ``receiver``/<receiver name>; with ``wait``, each of ``keys`` (group_wait,
+    group_interval) set to it on every route that has it (the test's clock)."""
+    config: dict[str, Any] = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
 
     def shorten(route: dict[str, Any]) -> None:
-        for key in ("group_wait", "group_interval"):
+        for key in keys:
             if key in route:
                 route[key] = wait
         for child in route.get("routes", []):
@@ -201,8 +198,20 @@ def alertmanager(tmp: Path, name: str, receiver: str, peers: Sequence[str] = (),
     for rec in config["receivers"]:
         for hook in rec.get("webhook_configs", []):
             hook["url"] = f"{receiver}/{rec['name']}"
+    return config
+
+
+def alertmanager(tmp: Path, name: str, receiver: str, peers: Sequence[str] = (),
+                 gossip_port: int | None = None, wait: str | None = None) -> Server:  # fmt: skip
+    """Alertmanager with the shipped configuration, only every receiver's webhook
+    pointed at ``receiver``/<receiver name>; a cluster member gossiping on
+    ``gossip_port`` with ``peers`` (host:port) where given, else alone. ``wait``:
+    every group_wait and group_interval set to it (the routing tests' clock), else as
+    shipped."""
+    binary = require_tool("prometheus-alertmanager", "prometheus-alertmanager", REQUIRED_BY)
     (tmp / name).mkdir(parents=True)
-    (tmp / name / "alertmanager.yml").write_text(yaml.safe_dump(config))
+    (tmp / name / "alertmanager.yml").write_text(
+        yaml.safe_dump(alertmanager_config(receiver, wait, ("group_wait", "group_interval"))))
     port = free_port()
     cluster = ([f"--cluster.listen-address=127.0.0.1:{gossip_port}",
                 *[f"--cluster.peer={p}" for p in peers], "--cluster.settle-timeout=5s"]
