@@ -29,7 +29,6 @@ AGENT_CONFIG = REPO / "deploy" / "prometheus" / "agent-ec2.yml"
 ALERTMANAGER_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 RULES = REPO / "deploy" / "prometheus" / "rules"
 VM_RULES = REPO / "deploy" / "prometheus" / "rules-victoriametrics"
-VM_RELABEL = REPO / "deploy" / "victoriametrics" / "relabel.yml"
 # CI sets it; vmalert and victoria-metrics come in one Debian package
 REQUIRED_BY = "STEPSCOPE_REQUIRE_PROMTOOL"
 
@@ -144,39 +143,32 @@ def central_prometheus(tmp: Path, alertmanagers: Sequence[str],
 
 def victoria_metrics(tmp: Path, scrape_interval: str = "5s",
                      extra: Sequence[str] = ()) -> Server:  # fmt: skip
-    """Single-node VictoriaMetrics with the documented flags (docs/scaling.md): the agent
-    pair's ``replica`` dropped (deploy/victoriametrics/relabel.yml) and one sample kept per
-    series and scrape interval, the last 5 s (an agent's batch) hidden from queries
-    instead of the default 30 s. ``extra``: more flags (a benchmark's scrape config,
-    its fleet-size limits)."""
-    binary = require_tool("victoria-metrics", "victoria-metrics", REQUIRED_BY)
-    port = free_port()
-    return Server(tmp / "vm", "victoria-metrics", [
-        binary, f"-storageDataPath={tmp / 'vm' / 'data'}", f"-httpListenAddr=127.0.0.1:{port}",
-        f"-relabelConfig={VM_RELABEL}", f"-dedup.minScrapeInterval={scrape_interval}",
-        "-search.latencyOffset=5s", "-retentionPeriod=1d", "-loggerLevel=WARN", *extra,
-    ], port, "/health")  # fmt: skip
+    """Single-node VictoriaMetrics as deploy/kubernetes/fleet.yaml runs it (the documented
+    flags, docs/deploy/fleet.md): the agent pair's ``replica`` dropped
+    (deploy/victoriametrics/relabel.yml) and one sample kept per series and
+    ``scrape_interval`` (15 s shipped), the last 5 s (an agent's batch) hidden from queries
+    instead of the default 30 s. ``extra``: more flags (a benchmark's scrape config, its
+    fleet-size limits)."""
+    from tests.support import tier  # it starts servers with this module's Server
+
+    return tier.victoria_metrics(tmp, "vm", {"dedup.minScrapeInterval": scrape_interval},
+                                 ["-loggerLevel=WARN", *extra])  # fmt: skip
 
 
 def vmalert(tmp: Path, vm: str, notifiers: Sequence[str],
             evaluation_interval: str = "5s", extra: Sequence[str] = ()) -> Server:  # fmt: skip
-    """vmalert with the documented flags evaluating the shipped MetricsQL rules
-    (deploy/prometheus/rules-victoriametrics/), unchanged, against VictoriaMetrics:
-    recorded series and alert state written back to it, state restored from it on a
-    restart, a value looked up at most one evaluation back (-datasource.queryStep, 5m
-    by default, kept a dead node's series readable for minutes). ``extra``: more flags
-    (a fleet-size remote-write queue)."""
-    binary = require_tool("vmalert", "victoria-metrics", REQUIRED_BY)
-    (tmp / "vmalert").mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    return Server(tmp / "vmalert", "vmalert", [
-        binary, *[f"-rule={p}" for p in sorted(VM_RULES.glob("*.yml"))],
-        f"-datasource.url={vm}", f"-remoteWrite.url={vm}", f"-remoteRead.url={vm}",
-        *[f"-notifier.url={n}" for n in notifiers],
-        f"-evaluationInterval={evaluation_interval}",
-        f"-datasource.queryStep={evaluation_interval}",
-        f"-httpListenAddr=127.0.0.1:{port}", "-loggerLevel=WARN", *extra,
-    ], port, "/health")  # fmt: skip
+    """vmalert as deploy/kubernetes/fleet.yaml runs it, evaluating the shipped MetricsQL
+    rules (rules-victoriametrics/), unchanged, against VictoriaMetrics every
+    ``evaluation_interval`` (15 s shipped): recorded series and alert state written back
+    to it, state restored from it on a restart, a value looked up at most one evaluation
+    back (-datasource.queryStep, 5m by default, kept a dead node's series readable for
+    minutes). ``extra``: more flags (a fleet-size remote-write queue)."""
+    from tests.support import tier
+
+    clock = {"evaluationInterval": evaluation_interval,
+             "datasource.queryStep": evaluation_interval}
+    return tier.vmalert(tmp, "vmalert", vm, notifiers, clock,
+                        extra=["-loggerLevel=WARN", *extra])  # fmt: skip
 
 
 def alertmanager_config(receiver: str, wait: str | None = None,

@@ -60,23 +60,26 @@ def flag_values(argv: Sequence[str]) -> dict[str, list[str]]:
 
 def substitute(argv: Sequence[str], values: Mapping[str, str | Sequence[str]],
                drop: Sequence[str] = ()) -> list[str]:  # fmt: skip
-    """``argv`` with each named flag's value replaced (a flag given several times takes a
-    list, one value each, in order) and the flags of ``drop`` left out. Every flag named
-    must be there: a test substitutes only what the manifest has."""
+    """``argv`` with each named flag's value replaced (a flag given several times, such as
+    one -notifier.url per Alertmanager, takes a list: its values replace them all, where
+    the first stood) and the flags of ``drop`` left out. Every flag named must be there: a
+    test substitutes only what the manifest has."""
     have = flag_values(argv)
     missing = [f for f in [*values, *drop] if f not in have]
     assert not missing, f"not in the manifest's arguments: {missing}"
-    pending = {f: [v] * len(have[f]) if isinstance(v, str) else list(v)
-               for f, v in values.items()}  # fmt: skip
-    for flag, new in pending.items():
-        assert len(new) == len(have[flag]), (flag, new, have[flag])
     out = []
+    done: set[str] = set()
     for arg in argv:
         dashes = "--" if arg.startswith("--") else "-"
         name = arg[len(dashes):].partition("=")[0]
-        if name in drop:
+        if name in drop or name in done:
             continue
-        out.append(f"{dashes}{name}={pending[name].pop(0)}" if name in pending else arg)
+        if name in values:
+            new = values[name]
+            out += [f"{dashes}{name}={v}" for v in ([new] if isinstance(new, str) else new)]
+            done.add(name)
+        else:
+            out.append(arg)
     return out
 
 
@@ -88,25 +91,26 @@ def _write(directory: Path, files: Mapping[str, str]) -> Path:
 
 
 def victoria_metrics(tmp: Path, name: str = "victoria-metrics",
-                     clock: Mapping[str, str] | None = None) -> Server:  # fmt: skip
+                     clock: Mapping[str, str] | None = None,
+                     extra: Sequence[str] = ()) -> Server:  # fmt: skip
     """VictoriaMetrics with fleet.yaml's arguments: its data directory, listen address and
     relabel file (the ConfigMap's) substituted, and the flags of ``clock`` (the test's
-    scrape interval, say)."""
+    scrape interval, say); ``extra``: flags added after them (a later one wins)."""
     binary = require_tool("victoria-metrics", "victoria-metrics", REQUIRED_BY)
     config = _write(tmp / name / "config", files_of("ConfigMap", "victoria-metrics"))
     port = free_port()
     argv = substitute(container_args("victoria-metrics"), {
         "storageDataPath": str(tmp / name / "data"), "httpListenAddr": f"127.0.0.1:{port}",
         "relabelConfig": str(config / "relabel.yml"), **(clock or {})})  # fmt: skip
-    return Server(tmp / name, name, [binary, *argv], port, "/health")
+    return Server(tmp / name, name, [binary, *argv, *extra], port, "/health")
 
 
 def vmalert(tmp: Path, name: str, store: str, notifiers: Sequence[str],
-            clock: Mapping[str, str] | None = None,
-            drop: Sequence[str] = ()) -> Server:  # fmt: skip
+            clock: Mapping[str, str] | None = None, drop: Sequence[str] = (),
+            extra: Sequence[str] = ()) -> Server:  # fmt: skip
     """vmalert with fleet.yaml's arguments: the rules of its ConfigMap from a directory, the
     store's and Alertmanagers' URLs, its listen address substituted, and the flags of
-    ``clock``; ``drop``: flags left out (a counter-case)."""
+    ``clock``; ``drop``: flags left out (a counter-case); ``extra``: flags added."""
     binary = require_tool("vmalert", "victoria-metrics", REQUIRED_BY)
     rules = _write(tmp / name / "rules", files_of("ConfigMap", "vmalert"))
     port = free_port()
@@ -114,7 +118,7 @@ def vmalert(tmp: Path, name: str, store: str, notifiers: Sequence[str],
         "rule": f"{rules}/*.yml", "datasource.url": store, "remoteWrite.url": store,
         "remoteRead.url": store, "notifier.url": notifiers,
         "httpListenAddr": f"127.0.0.1:{port}", **(clock or {})}, drop)  # fmt: skip
-    return Server(tmp / name, name, [binary, *argv], port, "/health")
+    return Server(tmp / name, name, [binary, *argv, *extra], port, "/health")
 
 
 def alertmanager(tmp: Path, name: str, config: Mapping[str, Any], gossip: Sequence[int],
