@@ -8,7 +8,11 @@ follow). The ``remote_write`` block is one, for both: its keep list is every scr
 the shipped rules, the dashboards and ``stepscope diagnose --prometheus`` read, found by
 :func:`expression_names` (no PromQL parser is at hand in Python: a tokenizer that removes
 strings, label matchers, ranges, grouping clauses, functions, keywords and Grafana
-variables), plus ``up`` and ``stepscope_build_info``.
+variables), plus ``up`` and ``stepscope_build_info``, and of the names the meta-monitoring
+rules read, the agent's own (its remote-write queue's: each agent scrapes itself as job
+``prometheus-agent``, with its cluster's name, a job the single-Prometheus configs do not
+have: theirs scrape that Prometheus and its Alertmanagers, and the agents stop copying
+at their "# Meta-monitoring" comment).
 """
 
 from __future__ import annotations
@@ -38,6 +42,11 @@ AGENTS = {"agent-kubernetes.yml": "prometheus-kubernetes.yml",
 RULER_SERIES = frozenset({"ALERTS", "ALERTS_FOR_STATE"})
 # read by nothing shipped, kept for what an operator asks first (which version runs where)
 ALSO_KEPT = frozenset({"up", "stepscope_build_info"})
+# the meta-monitoring rules (they read the monitoring's own series, not the exporters')
+META_RULES = "stepscope-meta.yml"
+# ... of which the agents send their own: the ruler's, Alertmanager's and vmalert's are
+# scraped by the central tier itself
+AGENT_OWN = re.compile(r"prometheus_remote_storage_\w+")
 _KEYWORDS = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right",
                        "offset", "and", "or", "unless", "bool", "inf", "nan", "atan2"})  # fmt: skip
 
@@ -57,8 +66,10 @@ def expression_names(expr: str) -> set[str]:
     return found
 
 
-def _rules(rules_dir: Path) -> Iterator[dict[str, Any]]:
+def _rules(rules_dir: Path, meta: bool | None = None) -> Iterator[dict[str, Any]]:
     for path in sorted(rules_dir.glob("*.yml")):
+        if meta is not None and (path.name == META_RULES) != meta:
+            continue
         for group in yaml.safe_load(path.read_text())["groups"]:
             yield from group["rules"]
 
@@ -82,9 +93,10 @@ def recorded_names(rules_dir: Path) -> set[str]:
     return {rule["record"] for rule in _rules(rules_dir) if "record" in rule}
 
 
-def rule_exprs(rules_dir: Path) -> list[str]:
-    """Every rule's expression."""
-    return [rule["expr"] for rule in _rules(rules_dir)]
+def rule_exprs(rules_dir: Path, meta: bool = False) -> list[str]:
+    """Every expression of the rules over the exporters' series, or (``meta``) of the
+    meta-monitoring rules."""
+    return [rule["expr"] for rule in _rules(rules_dir, meta)]
 
 
 def dashboard_exprs(dashboards_dir: Path) -> list[str]:
@@ -111,9 +123,14 @@ def kept_names(repo: Path = REPO) -> set[str]:
     """What the agents send: every name read, ``re:`` patterns included."""
     rules_dir = repo / RULES_DIR
     recorded = recorded_names(rules_dir)
-    return (names_read(rule_exprs(rules_dir), recorded)
+    own = {n for n in names_read(rule_exprs(rules_dir, meta=True), recorded)
+           if AGENT_OWN.fullmatch(n)}
+    return (names_read(rule_exprs(rules_dir), recorded) | own
             | names_read(dashboard_exprs(repo / DASHBOARDS_DIR / "json"), recorded)
             | fleet_cli_names() | ALSO_KEPT)  # fmt: skip
+
+
+_PREFIXES = ("DCGM_FI_", "stepscope_", "prometheus_remote_storage_")
 
 
 def keep_regex_lines(names: set[str], indent: str = " " * 12) -> list[str]:
@@ -122,11 +139,11 @@ def keep_regex_lines(names: set[str], indent: str = " " * 12) -> list[str]:
     plain = sorted(n[3:] if n.startswith("re:") else n for n in names)
     groups: dict[str, list[str]] = {}
     for name in plain:
-        prefix = next((p for p in ("DCGM_FI_", "stepscope_") if name.startswith(p)), "")
+        prefix = next((p for p in _PREFIXES if name.startswith(p)), "")
         groups.setdefault(prefix, []).append(name[len(prefix):])
     parts = list(groups.get("", []))
     out = ['"' + "|".join(parts) + "|" + "\\"] if parts else ['"\\']
-    prefixed = [p for p in ("DCGM_FI_", "stepscope_") if p in groups]
+    prefixed = [p for p in _PREFIXES if p in groups]
     for i, prefix in enumerate(prefixed):
         line = indent + prefix + "("
         for j, alt in enumerate(groups[prefix]):
@@ -144,7 +161,8 @@ def _scrape_configs(text: str) -> str:
     up to its trailing commented-out blocks."""
     start = text.index("scrape_configs:")
     ends = [i for i in (text.find("\n# remote_write", start),
-                        text.find("\n# Past one Prometheus", start)) if i >= 0]  # fmt: skip
+                        text.find("\n# Past one Prometheus", start),
+                        text.find("\n# Meta-monitoring", start)) if i >= 0]  # fmt: skip
     return text[start:min(ends) if ends else len(text)].rstrip() + "\n"
 
 
@@ -179,6 +197,21 @@ global:
   external_labels:
     replica: ${STEPSCOPE_AGENT_REPLICA}
 
+"""
+# The agent's own series (remote-write failures, lag, shards): scraped here and sent with
+# the exporters', so the central ruler sees an agent failing to write
+# (rules/stepscope-meta.yml), and an agent that stops sending altogether
+# (StepscopeAgentSilent: its own `up` stops arriving).
+SELF_SCRAPE = """
+  # The agent itself (docs/runbooks.md, "Meta-monitoring"): its remote-write queue's
+  # failures, lag and shards reach the central ruler with the exporters' series, and its
+  # own `up` stops arriving when it dies (StepscopeAgentSilent). Its cluster: the same
+  # name as the exporters' above.
+  - job_name: prometheus-agent
+    static_configs:
+      - targets: [localhost:9090]
+        labels:
+          cluster: {cluster}
 """
 REMOTE_WRITE = """
 # Past one Prometheus (docs/scaling.md, "The scale-out path"): this agent keeps no TSDB to
@@ -224,8 +257,10 @@ remote_write:
     # exporter's own process_*, HTTP and ingest counters). The list is every scraped
     # name the shipped rules (deploy/prometheus/rules/), the dashboards (dashboards/json/)
     # and `stepscope diagnose --prometheus` read, plus `up` (StepscopeExporterDown) and
-    # stepscope_build_info: `python -m generate` writes it from them. Add your own names
-    # in a second entry's keep list, or edit prometheus-*.yml and the rules, not this file.
+    # stepscope_build_info, and the agent's own remote-write series that the
+    # meta-monitoring rules read (stepscope-meta.yml): `python -m generate` writes it from
+    # them. Add your own names in a second entry's keep list, or edit prometheus-*.yml
+    # and the rules, not this file.
     write_relabel_configs:
       - source_labels: [__name__]
         action: keep
@@ -238,10 +273,15 @@ def render(repo: Path = REPO) -> dict[Path, str]:
     out = {}
     for agent, single in AGENTS.items():
         scrape = _scrape_configs((repo / PROMETHEUS_DIR / single).read_text())
+        clusters = set(re.findall(r"target_label: cluster\n\s+replacement: (\S+)", scrape))
+        if len(clusters) != 1:
+            raise ValueError(f"{single}: expected one static `cluster` replacement for the "
+                             f"agent's own job, found {sorted(clusters) or 'none'}")
         out[PROMETHEUS_DIR / agent] = (
             f"# GENERATED by python -m generate (generate/agents.py) from {single}'s\n"
             "# scrape_configs and the names the rules and dashboards read: edit those.\n"
-            + HEADERS[agent] + GLOBAL + scrape + REMOTE_WRITE + regex)
+            + HEADERS[agent] + GLOBAL + scrape
+            + SELF_SCRAPE.replace("{cluster}", clusters.pop()) + REMOTE_WRITE + regex)
     return out
 
 

@@ -47,7 +47,7 @@ def test_the_example_passes_amtool_check_config() -> None:
     run = subprocess.run([amtool(), "check-config", str(ALERTMANAGER_CONFIG)],
                          capture_output=True, text=True)  # fmt: skip
     assert run.returncode == 0 and "SUCCESS" in run.stdout, run.stdout + run.stderr
-    assert "5 inhibit rules" in run.stdout
+    assert "6 inhibit rules" in run.stdout
 
 
 @pytest.mark.parametrize(("labels", "receiver"), [
@@ -66,6 +66,21 @@ def test_the_example_passes_amtool_check_config() -> None:
      "fleet-chat"),
     ({"alertname": "StepscopeExporterStale", "severity": "warning", "cluster": "prod-east"},
      "fleet-chat"),
+    # the dead man's switch: the heartbeat alone, whatever labels a ruler adds
+    ({"alertname": "StepscopeWatchdog", "severity": "none"}, "heartbeat"),
+    ({"alertname": "StepscopeWatchdog", "severity": "none", "cluster": "prod-east"},
+     "heartbeat"),
+    # the monitoring's own health: its team; a production cluster gone blind pages
+    ({"alertname": "StepscopeClusterSilent", "severity": "critical", "cluster": "prod-east"},
+     "oncall-pager"),
+    ({"alertname": "StepscopeClusterSilent", "severity": "critical", "cluster": "research"},
+     "monitoring-team"),
+    # critical, but not to the pager it may be about
+    ({"alertname": "StepscopeNotificationsFailing", "severity": "critical",
+      "integration": "pagerduty"}, "monitoring-team"),
+    ({"alertname": "StepscopeRemoteWriteFailing", "severity": "warning", "cluster": "prod-east"},
+     "monitoring-team"),
+    ({"alertname": "StepscopeRuleEvaluationFailing", "severity": "warning"}, "monitoring-team"),
 ])  # fmt: skip
 def test_alerts_route_by_severity_and_cluster(labels: dict[str, str], receiver: str) -> None:
     run = subprocess.run(
@@ -78,7 +93,8 @@ def test_alerts_route_by_severity_and_cluster(labels: dict[str, str], receiver: 
 def test_every_severity_the_rules_use_has_a_route() -> None:
     config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
     routed = {m for r in config["route"]["routes"] for m in r.get("matchers", [])}
-    severities = {labels["severity"] for labels in shipped_alerts().values()}
+    severities = {labels["severity"] for name, labels in shipped_alerts().items()
+                  if name != "StepscopeWatchdog"}  # routed by its name, `severity: none`
     assert severities == {"critical", "warning", "info"}
     assert all(f'severity="{s}"' in routed for s in severities)
 
@@ -138,6 +154,16 @@ ALERTS: dict[str, dict[str, str]] = {
                    "UUID": "GPU-d5"},
     "thermal_d6": {"alertname": "StepscopeGpuThermalViolation", **_node("d"), "gpu": "6",
                    "UUID": "GPU-d6"},
+    # cluster prod-west blind, every target down: one alert, not one a node or agent
+    "cluster_silent_w": {"alertname": "StepscopeClusterSilent", "cluster": "prod-west",
+                         "reason": "all_down"},
+    "exporter_down_w": {"alertname": "StepscopeExporterDown", "cluster": "prod-west",
+                        "instance": "w.ec2.internal", "job": "stepscope", "Hostname": "w"},
+    "agent_silent_w": {"alertname": "StepscopeAgentSilent", "cluster": "prod-west",
+                       "job": "prometheus-agent", "instance": "localhost:9090",
+                       "replica": "b"},
+    # never inhibited, though every other alert of prod-east's nodes fires beside it
+    "watchdog": {"alertname": "StepscopeWatchdog"},
 }
 for _labels in ALERTS.values():
     _labels["severity"] = shipped_alerts()[_labels["alertname"]]["severity"]
@@ -182,6 +208,8 @@ def test_a_cause_silences_its_symptoms_on_the_same_node_or_gpu_only(am: Server) 
         # node c's exporter down: its target's verdict alerts and its node's straggler
         "bottleneck_c", "node_straggler_c",
         "thermal_d5",  # critical XID on d/5: that GPU's warnings, not d/6's
+        # prod-west blind: its node's and its agent's alerts (the cluster's is the one)
+        "exporter_down_w", "agent_silent_w",
     }
     _post(am, list(ALERTS.values()))
 

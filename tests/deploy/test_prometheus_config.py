@@ -100,7 +100,7 @@ def test_kubernetes_config_passes_promtool(tmp_path: Path) -> None:
     # Debian's promtool is built without Kubernetes discovery: check everything else
     # (relabelling, globals, rule files) with promtool and the discovery block by hand.
     cfg = yaml.safe_load(path.read_text())
-    (job,) = cfg["scrape_configs"]
+    (job,) = [j for j in cfg["scrape_configs"] if "kubernetes_sd_configs" in j]
     (sd,) = job.pop("kubernetes_sd_configs")
     assert sd["role"] == "pod" and sd["selectors"][0]["role"] == "pod"
     assert sd["selectors"][0]["label"] == "app.kubernetes.io/name=stepscope"

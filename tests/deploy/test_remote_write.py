@@ -70,7 +70,21 @@ def test_agent_config_passes_promtool_in_agent_mode(agent: str, tmp_path: Path) 
 
 @pytest.mark.parametrize("agent", sorted(AGENTS))
 def test_agent_scrapes_as_the_single_prometheus_config_does(agent: str) -> None:
-    assert _load(agent)["scrape_configs"] == _load(AGENTS[agent])["scrape_configs"]
+    """The exporters' jobs as the single Prometheus scrapes them; of the monitoring's own,
+    the agent scrapes itself (its remote write, for the meta-monitoring rules) with its
+    cluster's name, not that Prometheus and its Alertmanagers."""
+    single = _load(AGENTS[agent])["scrape_configs"]
+    exporters = [j for j in single if j["job_name"].startswith("stepscope")]
+    assert {j["job_name"] for j in single} - {j["job_name"] for j in exporters} == {
+        "prometheus", "alertmanager"}
+    *scraped, own = _load(agent)["scrape_configs"]
+    assert scraped == exporters
+    assert own["job_name"] == "prometheus-agent"
+    (target,) = own["static_configs"]
+    assert target["targets"] == ["localhost:9090"]
+    clusters = {r["replacement"] for j in exporters for r in j.get("relabel_configs", [])
+                if r.get("target_label") == "cluster" and "source_labels" not in r}
+    assert clusters == {target["labels"]["cluster"]}
     assert _load(agent)["global"]["scrape_interval"] == _load(AGENTS[agent])["global"][
         "scrape_interval"]  # the queue sizing assumes it
 
@@ -124,6 +138,21 @@ def test_names_read_are_families_the_exporter_serves() -> None:
     unknown = sorted(n for n in read if not n.startswith("re:") and n != "up"
                      and not _documented(n))  # fmt: skip
     assert unknown == []
+
+
+def test_the_agents_send_their_own_series_the_meta_rules_read_and_no_other() -> None:
+    """Their remote write's (StepscopeRemoteWriteFailing, ...Behind, ...ShardsMaxed); the
+    ruler's, Alertmanager's and vmalert's are scraped centrally, never by an agent."""
+    keep = keep_regex()
+    read = names_read(rule_exprs(RULES, meta=True), set())
+    own = {n for n in read if n.startswith("prometheus_remote_storage_")}
+    assert {"prometheus_remote_storage_samples_failed_total",
+            "prometheus_remote_storage_queue_highest_sent_timestamp_seconds"} <= own
+    assert sorted(n for n in own if not keep.match(n)) == []
+    central = read - own - {"up"}
+    assert {"prometheus_rule_evaluation_failures_total",
+            "alertmanager_notifications_failed_total"} <= central
+    assert sorted(n for n in central if keep.match(n)) == []
 
 
 def test_keep_list_drops_what_nothing_reads() -> None:

@@ -29,6 +29,10 @@ AGENT_CONFIG = REPO / "deploy" / "prometheus" / "agent-ec2.yml"
 ALERTMANAGER_CONFIG = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 RULES = REPO / "deploy" / "prometheus" / "rules"
 VM_RULES = REPO / "deploy" / "prometheus" / "rules-victoriametrics"
+VM_SCRAPE = REPO / "deploy" / "victoriametrics" / "scrape.yml"
+# the single-Prometheus config whose meta-monitoring jobs (`prometheus`, `alertmanager`)
+# the central Prometheus runs
+PROMETHEUS_CONFIG = REPO / "deploy" / "prometheus" / "prometheus-ec2.yml"
 # CI sets it; vmalert and victoria-metrics come in one Debian package
 REQUIRED_BY = "STEPSCOPE_REQUIRE_PROMTOOL"
 
@@ -86,11 +90,13 @@ def shipped_remote_write() -> dict[str, Any]:
 
 
 def prometheus_agent(tmp: Path, name: str, targets: dict[str, str], write_urls: list[str],
-                     replica: str, scrape_interval: str = "5s") -> Server:  # fmt: skip
+                     replica: str, scrape_interval: str = "5s",
+                     cluster: str | None = None) -> Server:  # fmt: skip
     """Prometheus 2.42 in agent mode with the shipped deploy/prometheus/agent-ec2.yml.
     Substituted: the targets (its file_sd job reads a file listing ``targets``, address ->
     cluster, where `stepscope discover` would write one; the EC2 job, which needs AWS, is
-    left out), the remote_write URLs (one copy of the shipped entry each, without its
+    left out; its own job scrapes its port, labelled ``cluster``, by default the one cluster
+    of ``targets``), the remote_write URLs (one copy of the shipped entry each, without its
     AMP SigV4), and the scrape interval (``scrape_interval``, shipped 15s: the test's clock).
     Everything else is as shipped: relabelling, keep list, queue, native histograms sent,
     the ``replica`` external label from STEPSCOPE_AGENT_REPLICA."""
@@ -98,41 +104,68 @@ def prometheus_agent(tmp: Path, name: str, targets: dict[str, str], write_urls: 
     config["global"]["scrape_interval"] = scrape_interval
     config["global"]["scrape_timeout"] = scrape_interval
     jobs = [job for job in config["scrape_configs"] if "file_sd_configs" in job]
-    assert len(jobs) == 1 and len(config["scrape_configs"]) == 2, config["scrape_configs"]
+    (own,) = [job for job in config["scrape_configs"] if job["job_name"] == "prometheus-agent"]
+    assert len(jobs) == 1 and len(config["scrape_configs"]) == 3, config["scrape_configs"]
     (tmp / name).mkdir(parents=True)
     targets_file = tmp / name / "stepscope.json"
     targets_file.write_text(json.dumps([{"targets": [address], "labels": {"cluster": cluster}}
                                         for address, cluster in targets.items()]))
     jobs[0]["file_sd_configs"] = [{"files": [str(targets_file)], "refresh_interval": "5s"}]
-    config["scrape_configs"] = jobs
+    port = free_port()
+    if cluster is None:
+        (cluster,) = set(targets.values())
+    (static,) = own["static_configs"]
+    static.update(targets=[f"127.0.0.1:{port}"], labels={"cluster": cluster})
+    config["scrape_configs"] = [*jobs, own]
     (shipped,) = config["remote_write"]
     assert "sigv4" in shipped
     config["remote_write"] = [
         {**{k: v for k, v in shipped.items() if k != "sigv4"}, "url": url} for url in write_urls
     ]
     (tmp / name / "agent.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
     return Server(tmp / name, name, [
         prometheus_binary(), "--enable-feature=agent,expand-external-labels",
         f"--config.file={tmp / name / 'agent.yml'}", f"--storage.agent.path={tmp / name / 'wal'}",
         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+        # on stop, give up on what a dead store has not taken at once (1m by default)
+        "--storage.remote.flush-deadline=1s",
     ], port, "/-/ready", env={"STEPSCOPE_AGENT_REPLICA": replica})  # fmt: skip
 
 
+def _meta_jobs(config: dict[str, Any], targets: dict[str, list[str]],
+               interval: str) -> list[dict[str, Any]]:  # fmt: skip
+    """The shipped config's scrape jobs named in ``targets`` (job -> addresses), with only
+    their targets and interval substituted."""
+    jobs = [job for job in config["scrape_configs"] if job["job_name"] in targets]
+    assert {job["job_name"] for job in jobs} == set(targets), config["scrape_configs"]
+    for job in jobs:
+        (static,) = job["static_configs"]
+        static["targets"] = targets[job["job_name"]]
+        job["scrape_interval"] = interval
+    return jobs
+
+
 def central_prometheus(tmp: Path, alertmanagers: Sequence[str],
-                       evaluation_interval: str = "5s") -> Server:  # fmt: skip
-    """A Prometheus that scrapes nothing, receives remote write and evaluates the shipped
-    rules, unchanged, every ``evaluation_interval``, sending alerts to every member of
-    ``alertmanagers`` (an HA pair gets each alert from each ruler)."""
+                       evaluation_interval: str = "5s",
+                       extra_rules: Sequence[Path] = ()) -> Server:  # fmt: skip
+    """A Prometheus that receives remote write and evaluates the shipped rules, unchanged
+    (and ``extra_rules``), every ``evaluation_interval``, sending alerts to every member of
+    ``alertmanagers`` (an HA pair gets each alert from each ruler). It scrapes what the
+    meta-monitoring rules read of the central tier, as the shipped prometheus-ec2.yml's
+    `prometheus` and `alertmanager` jobs do: itself and ``alertmanagers``."""
     (tmp / "central").mkdir(parents=True)
+    port = free_port()
+    members = [am.removeprefix("http://") for am in alertmanagers]
+    shipped = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
     config: dict[str, Any] = {
         "global": {"evaluation_interval": evaluation_interval},
-        "rule_files": [str(p) for p in sorted(RULES.glob("*.yml"))],
-        "alerting": {"alertmanagers": [{"static_configs": [
-            {"targets": [am.removeprefix("http://") for am in alertmanagers]}]}]},
+        "rule_files": [str(p) for p in [*sorted(RULES.glob("*.yml")), *extra_rules]],
+        "alerting": {"alertmanagers": [{"static_configs": [{"targets": members}]}]},
+        "scrape_configs": _meta_jobs(shipped, {"prometheus": [f"127.0.0.1:{port}"],
+                                               "alertmanager": members}, evaluation_interval),
     }  # fmt: skip
+    assert shipped["alerting"]["alertmanagers"][0]["static_configs"]
     (tmp / "central" / "prometheus.yml").write_text(json.dumps(config))
-    port = free_port()
     return Server(tmp / "central", "central", [
         prometheus_binary(), f"--config.file={tmp / 'central' / 'prometheus.yml'}",
         f"--storage.tsdb.path={tmp / 'central' / 'data'}", "--web.enable-remote-write-receiver",
@@ -142,33 +175,49 @@ def central_prometheus(tmp: Path, alertmanagers: Sequence[str],
 
 
 def victoria_metrics(tmp: Path, scrape_interval: str = "5s",
-                     extra: Sequence[str] = ()) -> Server:  # fmt: skip
+                     extra: Sequence[str] = (),
+                     scrape: dict[str, list[str]] | None = None) -> Server:  # fmt: skip
     """Single-node VictoriaMetrics as deploy/kubernetes/fleet.yaml runs it (the documented
     flags, docs/deploy/fleet.md): the agent pair's ``replica`` dropped
     (deploy/victoriametrics/relabel.yml) and one sample kept per series and
     ``scrape_interval`` (15 s shipped), the last 5 s (an agent's batch) hidden from queries
     instead of the default 30 s. ``extra``: more flags (a benchmark's scrape config, its
-    fleet-size limits)."""
+    fleet-size limits). ``scrape``: the central tier's own series scraped with the shipped
+    deploy/victoriametrics/scrape.yml, only its targets (job -> addresses; itself added)
+    and interval substituted."""
     from tests.support import tier  # it starts servers with this module's Server
 
+    port = free_port()
+    flags = []
+    if scrape is not None:
+        shipped = yaml.safe_load(VM_SCRAPE.read_text())
+        targets = {**scrape, "victoria-metrics": [f"127.0.0.1:{port}"]}
+        shipped["scrape_configs"] = _meta_jobs(shipped, targets, scrape_interval)
+        (tmp / "vm").mkdir(parents=True, exist_ok=True)
+        (tmp / "vm" / "scrape.yml").write_text(yaml.safe_dump(shipped))
+        flags.append(f"-promscrape.config={tmp / 'vm' / 'scrape.yml'}")
     return tier.victoria_metrics(tmp, "vm", {"dedup.minScrapeInterval": scrape_interval},
-                                 ["-loggerLevel=WARN", *extra])  # fmt: skip
+                                 ["-loggerLevel=WARN", *flags, *extra], port=port)  # fmt: skip
 
 
-def vmalert(tmp: Path, vm: str, notifiers: Sequence[str],
-            evaluation_interval: str = "5s", extra: Sequence[str] = ()) -> Server:  # fmt: skip
+def vmalert(tmp: Path, vm: str, notifiers: Sequence[str], evaluation_interval: str = "5s",
+            extra: Sequence[str] = (), extra_rules: Sequence[Path] = (),
+            port: int | None = None) -> Server:  # fmt: skip
     """vmalert as deploy/kubernetes/fleet.yaml runs it, evaluating the shipped MetricsQL
     rules (rules-victoriametrics/), unchanged, against VictoriaMetrics every
     ``evaluation_interval`` (15 s shipped): recorded series and alert state written back
     to it, state restored from it on a restart, a value looked up at most one evaluation
     back (-datasource.queryStep, 5m by default, kept a dead node's series readable for
-    minutes). ``extra``: more flags (a fleet-size remote-write queue)."""
+    minutes). ``extra``: more flags (a fleet-size remote-write queue); ``extra_rules``:
+    more rule files; ``port``: where it listens (a scraper named first), else a free
+    port."""
     from tests.support import tier
 
     clock = {"evaluationInterval": evaluation_interval,
              "datasource.queryStep": evaluation_interval}
+    more = [f"-rule={p}" for p in extra_rules]
     return tier.vmalert(tmp, "vmalert", vm, notifiers, clock,
-                        extra=["-loggerLevel=WARN", *extra])  # fmt: skip
+                        extra=["-loggerLevel=WARN", *more, *extra], port=port)  # fmt: skip
 
 
 def alertmanager_config(receiver: str, wait: str | None = None,
@@ -217,9 +266,12 @@ def alertmanager(tmp: Path, name: str, receiver: str, peers: Sequence[str] = (),
 
 class Webhook:
     """An HTTP server on a free port that keeps every JSON body POSTed to it with its path
-    (Alertmanager's webhook notifications; vmalert's alert posts)."""
+    (Alertmanager's webhook notifications; vmalert's alert posts) and answers 200, or the
+    status of the first prefix of ``statuses`` the path starts with (a broken receiver, a
+    store refusing remote write: then the body is kept as bytes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, statuses: dict[str, int] | None = None) -> None:
+        answers = dict(statuses or {})
         self.received: list[tuple[str, Any]] = []
         lock = threading.Lock()
         received = self.received
@@ -229,10 +281,14 @@ class Webhook:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                status = next((code for prefix, code in answers.items()
+                               if self.path.startswith(prefix)), 200)  # fmt: skip
                 with lock:
-                    received.append((self.path, json.loads(body or b"null")))
+                    received.append((self.path, json.loads(body or b"null")
+                                     if status == 200 else body))  # fmt: skip
                     arrived.append(time.monotonic())
-                self.send_response(200)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
                 self.end_headers()
 
             def log_message(self, *args: Any) -> None:

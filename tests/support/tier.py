@@ -92,13 +92,14 @@ def _write(directory: Path, files: Mapping[str, str]) -> Path:
 
 def victoria_metrics(tmp: Path, name: str = "victoria-metrics",
                      clock: Mapping[str, str] | None = None,
-                     extra: Sequence[str] = ()) -> Server:  # fmt: skip
+                     extra: Sequence[str] = (), port: int | None = None) -> Server:  # fmt: skip
     """VictoriaMetrics with fleet.yaml's arguments: its data directory, listen address and
     relabel file (the ConfigMap's) substituted, and the flags of ``clock`` (the test's
-    scrape interval, say); ``extra``: flags added after them (a later one wins)."""
+    scrape interval, say); ``extra``: flags added after them (a later one wins); ``port``:
+    where it listens, else a free port."""
     binary = require_tool("victoria-metrics", "victoria-metrics", REQUIRED_BY)
     config = _write(tmp / name / "config", files_of("ConfigMap", "victoria-metrics"))
-    port = free_port()
+    port = port or free_port()
     argv = substitute(container_args("victoria-metrics"), {
         "storageDataPath": str(tmp / name / "data"), "httpListenAddr": f"127.0.0.1:{port}",
         "relabelConfig": str(config / "relabel.yml"), **(clock or {})})  # fmt: skip
@@ -107,13 +108,14 @@ def victoria_metrics(tmp: Path, name: str = "victoria-metrics",
 
 def vmalert(tmp: Path, name: str, store: str, notifiers: Sequence[str],
             clock: Mapping[str, str] | None = None, drop: Sequence[str] = (),
-            extra: Sequence[str] = ()) -> Server:  # fmt: skip
+            extra: Sequence[str] = (), port: int | None = None) -> Server:  # fmt: skip
     """vmalert with fleet.yaml's arguments: the rules of its ConfigMap from a directory, the
     store's and Alertmanagers' URLs, its listen address substituted, and the flags of
-    ``clock``; ``drop``: flags left out (a counter-case); ``extra``: flags added."""
+    ``clock``; ``drop``: flags left out (a counter-case); ``extra``: flags added;
+    ``port``: where it listens (a scraper named first), else a free port."""
     binary = require_tool("vmalert", "victoria-metrics", REQUIRED_BY)
     rules = _write(tmp / name / "rules", files_of("ConfigMap", "vmalert"))
-    port = free_port()
+    port = port or free_port()
     argv = substitute(container_args("vmalert"), {
         "rule": f"{rules}/*.yml", "datasource.url": store, "remoteWrite.url": store,
         "remoteRead.url": store, "notifier.url": notifiers,

@@ -147,6 +147,28 @@ class FleetRules:
     # 15 s scrapes, since a step's time is counted when the step reports and a long step
     # (a checkpoint save, a compilation) lands as one jump
     goodput_window: str = "5m"
+    # -- meta-monitoring: the monitoring's own health (stepscope-meta.yml,
+    # docs/runbooks.md "Meta-monitoring")
+    # a cluster whose exporters' `up` has no sample centrally for this long (its agents
+    # died, or cannot write), or reads 0 on every target over it, is blind: eight 15 s
+    # scrapes, longer than the agents' batch deadline (5 s) and retry backoff (10 s)
+    silent_window: str = "2m"
+    # ... and pages (StepscopeClusterSilent, StepscopeAgentSilent) after this; a cluster
+    # counts as known for an hour after its last sample, then is forgotten (one taken out
+    # of service stops alerting by itself)
+    silent_for: str = "1m"
+    silent_known: str = "1h"
+    # a share of an agent's remote-write samples failing or retried, of an Alertmanager's
+    # notifications failing, above which the path is broken, not blipping ...
+    meta_failed_share: float = 0.01
+    # ... for this long (StepscopeRemoteWriteFailing, StepscopeRemoteWriteBehind,
+    # StepscopeRemoteWriteShardsMaxed, StepscopeRuleEvaluationFailures,
+    # StepscopeNotificationsFailing): a sustained condition, within 5 minutes
+    meta_for: str = "5m"
+    # an agent whose newest sample sent is this far behind its newest sample scraped (or,
+    # for vmagent, whose queue holds this long at its current send rate) is behind: the
+    # central rules judge a past that long ago
+    remote_write_lag: str = "2m"
 
 
 #: The shipped values.
