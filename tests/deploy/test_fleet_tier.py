@@ -104,7 +104,11 @@ def test_the_ha_shape_and_the_documented_flags() -> None:
     assert agent_config["global"]["external_labels"] == {"replica": "${STEPSCOPE_AGENT_REPLICA}"}
     assert "expand-external-labels" in flag_values(container_args("stepscope-agent"))[
         "enable-feature"][0]
-    assert yaml.safe_load(RELABEL.read_text()) == [{"action": "labeldrop", "regex": "replica"}]
+    # the pair's copies made one; the agents' own series (meta-monitoring) kept apart
+    assert yaml.safe_load(RELABEL.read_text()) == [
+        {"source_labels": ["job", "replica"], "regex": "prometheus-agent;(.+)",
+         "target_label": "agent"},
+        {"action": "labeldrop", "regex": "replica"}]
 
     vm = flag_values(container_args("victoria-metrics"))
     assert vm["dedup.minScrapeInterval"] == [INTERVAL]
