@@ -352,10 +352,27 @@ def query_times(url: str, until: float, out: dict[str, float]) -> None:
         out[name] = 1000 * statistics.median(times)
 
 
+# vmalert 1.79 counts failed evaluations in vmalert_execution_errors_total and flags each
+# failing rule with a 0/1 gauge; later releases add per-rule *_errors_total counters
+ERROR_COUNTERS = ("vmalert_execution_errors_total", "vmalert_alerting_rules_errors_total",
+                  "vmalert_recording_rules_errors_total")
+ERROR_GAUGES = ("vmalert_alerting_rules_error", "vmalert_recording_rules_error")
+
+
 def rule_errors(vma: dict[str, list[tuple[dict[str, str], float]]]) -> float:
-    """Evaluation errors so far, alerting and recording rules together."""
-    return (total(vma, "vmalert_alerting_rules_errors_total")
-            + total(vma, "vmalert_recording_rules_errors_total"))
+    """Evaluation errors so far, alerting and recording rules together: the failed
+    evaluations vmalert counts, or where it only flags them, the rules failing now."""
+    counted = max(total(vma, "vmalert_execution_errors_total"),
+                  total(vma, "vmalert_alerting_rules_errors_total")
+                  + total(vma, "vmalert_recording_rules_errors_total"))
+    return max(counted, sum(total(vma, name) for name in ERROR_GAUGES))
+
+
+def failing_rules(vma: dict[str, list[tuple[dict[str, str], float]]]) -> dict[str, float]:
+    """The rules with errors, by name, from whichever of vmalert's series name them."""
+    return {lab.get("alertname") or lab.get("recording") or lab.get("rule", "?"): v
+            for name in ERROR_GAUGES + ERROR_COUNTERS[1:]
+            for lab, v in vma.get(name, []) if v}
 
 
 def measured(a: dict[str, Any], b: dict[str, Any], vm: dict[str, Any], vma: dict[str, Any],
@@ -389,11 +406,7 @@ def measured(a: dict[str, Any], b: dict[str, Any], vm: dict[str, Any], vma: dict
         "active_series": total(vm, "vm_cache_entries", type="storage/hour_metric_ids"),
         "series_created": b["new_series"],
         "rule_errors": rule_errors(vma),
-        "rule_errors_by_rule": {
-            lab.get("alertname") or lab.get("recording", "?"): v
-            for name in ("vmalert_alerting_rules_errors_total",
-                         "vmalert_recording_rules_errors_total")
-            for lab, v in vma.get(name, []) if v},
+        "rule_errors_by_rule": failing_rules(vma),
         "groups": groups_of(vma),
         "remote_write": {name: total(vma, name) for name in vma
                          if name.startswith("vmalert_remotewrite_")

@@ -66,10 +66,14 @@ def _series() -> list[dict[str, str]]:
 
 
 def _alert_names() -> list[str]:
+    """Every shipped alert that can page or warn: StepscopeWatchdog (severity none) fires
+    always, by design, and is left out."""
     names = []
     for path in sorted(RULES.glob("*.yml")):
         for group in yaml.safe_load(path.read_text())["groups"]:
-            names += [r["alert"] for r in group["rules"] if "alert" in r]
+            names += [r["alert"] for r in group["rules"]
+                      if "alert" in r and r.get("labels", {}).get("severity") != "none"]
+    assert "StepscopeWatchdog" not in names
     return names
 
 
