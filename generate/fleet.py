@@ -46,6 +46,7 @@ AM_REPLICAS = 2
 AM_PODS = [f"alertmanager-{i}.alertmanager.{TIER_NAMESPACE}.svc" for i in range(AM_REPLICAS)]
 # where the containers find what the ConfigMaps hold
 VM_RELABEL_PATH = "/etc/victoriametrics/relabel.yml"
+VM_SCRAPE_PATH = "/etc/victoriametrics/scrape.yml"
 VMALERT_RULES_DIR = "/etc/vmalert/rules"
 AM_CONFIG_PATH = "/etc/alertmanager/alertmanager.yml"
 AGENT_CONFIG_PATH = "/etc/prometheus/agent.yml"
@@ -71,6 +72,11 @@ def victoriametrics_flags(interval: str) -> list[tuple[str, str]]:
         # the newest 30 s are hidden from queries by default, delaying every alert by as
         # much; 5 s is one agent batch (batch_send_deadline)
         ("search.latencyOffset", "5s"),
+        # the tier's own series (vmalert's evaluation errors and deliveries, every
+        # Alertmanager member's failed notifications, the store itself), which the
+        # meta-monitoring rules read: deploy/victoriametrics/scrape.yml with this tier's
+        # addresses (:func:`tier_scrape_config`)
+        ("promscrape.config", VM_SCRAPE_PATH),
     ]
 
 
@@ -158,6 +164,31 @@ def agent_config(repo: Path = REPO) -> str:
     if amp not in text:
         raise ValueError(f"{AGENT}: its remote_write no longer starts with the AMP example")
     return text.replace(amp, f"  - url: {STORE}/api/v1/write\n")
+
+
+def tier_scrape_config(repo: Path = REPO) -> str:
+    """deploy/victoriametrics/scrape.yml with the tier's own addresses: both vmalert pods
+    (their headless Service's A records, one target a pod), each Alertmanager member by
+    its pod's name, and the store itself. The job names and every other setting are the
+    shipped file's."""
+    shipped = yaml.safe_load((repo / VICTORIAMETRICS_DIR / "scrape.yml").read_text())
+    where: dict[str, dict[str, Any]] = {
+        "vmalert": {"dns_sd_configs": [{"names": [f"vmalert.{TIER_NAMESPACE}.svc"],
+                                        "type": "A", "port": VMALERT_PORT}]},
+        "alertmanager": {"static_configs": [{"targets": [f"{pod}:{AM_PORT}"
+                                                         for pod in AM_PODS]}]},
+        "victoria-metrics": {"static_configs": [{"targets": [f"localhost:{VM_PORT}"]}]},
+    }
+    jobs = []
+    for job in shipped["scrape_configs"]:
+        name = job["job_name"]
+        if name not in where:
+            raise ValueError(f"deploy/victoriametrics/scrape.yml: job {name!r} has no "
+                             "address in the fleet tier (generate/fleet.py)")
+        kept = {k: v for k, v in job.items() if not k.endswith("_sd_configs")
+                and k != "static_configs"}  # fmt: skip
+        jobs.append({**kept, **where[name]})
+    return yaml.safe_dump({**shipped, "scrape_configs": jobs}, sort_keys=False)
 
 
 def _am_text(repo: Path) -> str:
@@ -291,7 +322,8 @@ def fleet_objects(repo: Path = REPO) -> list[dict[str, Any]]:
         _pdb(agent),
         # --- the store ---
         _configmap("victoria-metrics", {
-            "relabel.yml": (repo / VICTORIAMETRICS_DIR / "relabel.yml").read_text()}),
+            "relabel.yml": (repo / VICTORIAMETRICS_DIR / "relabel.yml").read_text(),
+            "scrape.yml": tier_scrape_config(repo)}),
         _service("victoria-metrics", [{"name": "http", "port": VM_PORT, "targetPort": "http"}]),
         {"apiVersion": "apps/v1", "kind": "StatefulSet",
          "metadata": _meta("victoria-metrics", component="store"), "spec": {
@@ -306,7 +338,9 @@ def fleet_objects(repo: Path = REPO) -> list[dict[str, Any]]:
              "volumeClaimTemplates": [_pvc("storage", "200Gi")]}},
         # --- the ruler: a pair evaluating the same rules ---
         _configmap("vmalert", _files(repo / VM_RULES_DIR)),
-        _service("vmalert", [{"name": "http", "port": VMALERT_PORT, "targetPort": "http"}]),
+        # headless: its A records name each pod, so the store scrapes both of the pair
+        _service("vmalert", [{"name": "http", "port": VMALERT_PORT, "targetPort": "http"}],
+                 headless=True),
         {"apiVersion": "apps/v1", "kind": "Deployment",
          "metadata": _meta("vmalert", component="ruler"), "spec": {
              "replicas": 2, "selector": _selector("vmalert"),

@@ -70,7 +70,9 @@ def test_the_tier_embeds_the_shipped_files_unchanged() -> None:
     shipped_rules = {p.name: p.read_text() for p in sorted(VM_RULES.glob("*.yml"))}
     assert files_of("ConfigMap", "vmalert") == shipped_rules
     assert files_of("Secret", "alertmanager") == {"alertmanager.yml": AM_CONFIG.read_text()}
-    assert files_of("ConfigMap", "victoria-metrics") == {"relabel.yml": RELABEL.read_text()}
+    store = files_of("ConfigMap", "victoria-metrics")
+    assert store["relabel.yml"] == RELABEL.read_text()
+    assert set(store) == {"relabel.yml", "scrape.yml"}  # the scrape file: its own test
     agent = yaml.safe_load(files_of("ConfigMap", "stepscope-agent")["agent.yml"])
     want = yaml.safe_load(AGENT.read_text())
     (remote,) = want["remote_write"]
@@ -158,8 +160,11 @@ def test_the_real_binaries_start_with_the_manifests_arguments(tmp_path: Path) ->
     discovery, which Debian's build lacks, as static targets) run with the arguments of
     fleet.yaml: a flag a binary does not know stops it at start."""
     servers: list[Server] = []
+    scrape = tmp_path / "vm-scrape.yml"  # the ConfigMap's, its jobs parsed strictly
+    scrape.write_text(files_of("ConfigMap", "victoria-metrics")["scrape.yml"])
     try:
-        vm = victoria_metrics(tmp_path)
+        vm = victoria_metrics(tmp_path, scrape_config=scrape,
+                              extra=["-promscrape.config.strictParse"])
         servers.append(vm)
         gossip = [free_port(), free_port()]
         member = am_member(tmp_path, "am", yaml.safe_load(AM_CONFIG.read_text()), gossip, 0)
@@ -172,9 +177,41 @@ def test_the_real_binaries_start_with_the_manifests_arguments(tmp_path: Path) ->
         labels = servers[-1].url + "/api/v1/status/config"
         config = yaml.safe_load(get_json(labels)["data"]["yaml"])
         assert config["global"]["external_labels"] == {"replica": "stepscope-agent-0"}
+        # the store scrapes the tier's static members (vmalert's pods come from DNS,
+        # which has no answer here)
+        active = get_json(f"{vm.url}/api/v1/targets")["data"]["activeTargets"]
+        assert {t["labels"]["job"] for t in active} == {"alertmanager", "victoria-metrics"}
     finally:
         for server in reversed(servers):
             server.stop()
+
+
+def test_the_store_scrapes_the_tier_the_meta_rules_watch() -> None:
+    """fleet.yaml's VictoriaMetrics loads deploy/victoriametrics/scrape.yml with the tier's
+    addresses: every job of the shipped file, both vmalert pods (the headless Service's A
+    records), every Alertmanager member, the store itself; so the meta-monitoring rules'
+    vmalert and Alertmanager series exist where the tier is deployed."""
+    shipped = yaml.safe_load((REPO / "deploy" / "victoriametrics" / "scrape.yml").read_text())
+    scrape = yaml.safe_load(files_of("ConfigMap", "victoria-metrics")["scrape.yml"])
+    jobs = {j["job_name"]: j for j in scrape["scrape_configs"]}
+    assert list(jobs) == [j["job_name"] for j in shipped["scrape_configs"]]
+    assert scrape["global"] == shipped["global"]
+    assert flag_values(container_args("victoria-metrics"))["promscrape.config"] == [
+        "/etc/victoriametrics/scrape.yml"]
+    (sd,) = jobs["vmalert"]["dns_sd_configs"]
+    service = next(o for o in fleet_objects()
+                   if o["kind"] == "Service" and o["metadata"]["name"] == "vmalert")
+    assert service["spec"]["clusterIP"] == "None"
+    assert sd["type"] == "A" and sd["names"] == ["vmalert.stepscope-fleet.svc"]
+    assert sd["port"] == service["spec"]["ports"][0]["port"]
+    (members,) = jobs["alertmanager"]["static_configs"]
+    am = next(o for o in fleet_objects()
+              if o["kind"] == "StatefulSet" and o["metadata"]["name"] == "alertmanager")
+    assert len(members["targets"]) == am["spec"]["replicas"] == 2
+    # what the meta rules read comes only from these two jobs
+    rules = "".join(files_of("ConfigMap", "vmalert").values())
+    assert "vmalert_alerting_rules_error" in rules
+    assert "alertmanager_notifications_failed_total" in rules
 
 
 def _agent(tmp: Path) -> Server:

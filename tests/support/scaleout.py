@@ -188,16 +188,17 @@ def victoria_metrics(tmp: Path, scrape_interval: str = "5s",
     from tests.support import tier  # it starts servers with this module's Server
 
     port = free_port()
-    flags = []
+    config = None
     if scrape is not None:
         shipped = yaml.safe_load(VM_SCRAPE.read_text())
         targets = {**scrape, "victoria-metrics": [f"127.0.0.1:{port}"]}
         shipped["scrape_configs"] = _meta_jobs(shipped, targets, scrape_interval)
         (tmp / "vm").mkdir(parents=True, exist_ok=True)
-        (tmp / "vm" / "scrape.yml").write_text(yaml.safe_dump(shipped))
-        flags.append(f"-promscrape.config={tmp / 'vm' / 'scrape.yml'}")
+        config = tmp / "vm" / "scrape.yml"
+        config.write_text(yaml.safe_dump(shipped))
     return tier.victoria_metrics(tmp, "vm", {"dedup.minScrapeInterval": scrape_interval},
-                                 ["-loggerLevel=WARN", *flags, *extra], port=port)  # fmt: skip
+                                 ["-loggerLevel=WARN", *extra], port=port,
+                                 scrape_config=config)  # fmt: skip
 
 
 def vmalert(tmp: Path, vm: str, notifiers: Sequence[str], evaluation_interval: str = "5s",

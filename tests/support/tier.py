@@ -92,17 +92,24 @@ def _write(directory: Path, files: Mapping[str, str]) -> Path:
 
 def victoria_metrics(tmp: Path, name: str = "victoria-metrics",
                      clock: Mapping[str, str] | None = None,
-                     extra: Sequence[str] = (), port: int | None = None) -> Server:  # fmt: skip
-    """VictoriaMetrics with fleet.yaml's arguments: its data directory, listen address and
-    relabel file (the ConfigMap's) substituted, and the flags of ``clock`` (the test's
-    scrape interval, say); ``extra``: flags added after them (a later one wins); ``port``:
-    where it listens, else a free port."""
+                     extra: Sequence[str] = (), port: int | None = None,
+                     scrape_config: Path | None = None) -> Server:  # fmt: skip
+    """VictoriaMetrics with fleet.yaml's arguments: its data directory, listen address,
+    relabel file (the ConfigMap's) and scrape file substituted, and the flags of ``clock``
+    (the test's scrape interval, say); ``extra``: flags added after them (a later one
+    wins); ``port``: where it listens, else a free port. ``scrape_config``: what it
+    scrapes; by default nothing (the ConfigMap's scrape.yml names the tier's pods by their
+    Kubernetes DNS names, which resolve nowhere here)."""
     binary = require_tool("victoria-metrics", "victoria-metrics", REQUIRED_BY)
     config = _write(tmp / name / "config", files_of("ConfigMap", "victoria-metrics"))
+    if scrape_config is None:
+        scrape_config = config / "scrape-nothing.yml"
+        scrape_config.write_text("scrape_configs: []\n")
     port = port or free_port()
     argv = substitute(container_args("victoria-metrics"), {
         "storageDataPath": str(tmp / name / "data"), "httpListenAddr": f"127.0.0.1:{port}",
-        "relabelConfig": str(config / "relabel.yml"), **(clock or {})})  # fmt: skip
+        "relabelConfig": str(config / "relabel.yml"),
+        "promscrape.config": str(scrape_config), **(clock or {})})  # fmt: skip
     return Server(tmp / name, name, [binary, *argv, *extra], port, "/health")
 
 
