@@ -7,9 +7,10 @@ after another while it waits, and its own tests run right after them, taking ove
 running tier (they check states it reaches, with deadlines from its start; nothing of
 theirs is timed by the CPU). The modules beside it are server-clock tests too: Prometheus,
 vmalert and Alertmanager timelines fed with synthetic values (steps sent with the
-durations they claim, simulated GPUs), none measuring CPU shares or wall-clock windows
-of its own processes. Every other test runs with nothing beside it, as before: the tier is
-stopped when its module ends, before the next module starts.
+durations they claim, or slept by the fleet's ranks; simulated GPUs), none measuring CPU
+shares or wall-clock windows of its own processes. Every other test runs with nothing
+beside it, as before: the tier is stopped when its module ends, before the next module
+starts.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ SCALE_OUT = "test_scale_out.py"
 # ~2.5 minutes, so its tests still run at the time they would alone (its pages' 5 m
 # group_interval is far off)
 BESIDE_SCALE_OUT = (
+    "test_diagnose_fleet.py",
     "test_fail_slow_rules.py",
     "test_ha.py",
     "test_meta_monitoring.py",
     "test_native_histogram_rules.py",
+    "test_native_histograms.py",
     "test_prometheus.py",
 )
 
