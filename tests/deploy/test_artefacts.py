@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from email.parser import BytesParser
 from pathlib import Path
@@ -84,17 +85,38 @@ def test_the_sdist_and_the_wheel_carry_the_license_types_and_scenarios(
     assert not [n for n in in_wheel if "__pycache__" in n or n.startswith("tests/")]
 
 
-@pytest.mark.parametrize("kind", ["wheel", "sdist"])
-def test_each_artefact_installs_into_a_clean_venv_and_serves(
-    artefacts: Artefacts, kind: str, tmp_path: Path
-) -> None:
-    venv = tmp_path / "venv"
+KINDS = ["wheel", "sdist"]
+
+
+def _install(artefact: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
+    """A clean venv in ``tmp``, and ``pip install`` of the artefact into it."""
+    venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    artefact = artefacts.wheel if kind == "wheel" else artefacts.sdist
-    pip = subprocess.run(
+    return subprocess.run(
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(artefact)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def installed(
+    artefacts: Artefacts, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """Each artefact installed into its own clean venv, both at once (two pip processes:
+    each is mostly one core's work). Kind -> (its directory, pip's result)."""
+    tmps = {kind: tmp_path_factory.mktemp(kind) for kind in KINDS}
+    with ThreadPoolExecutor(len(KINDS)) as pool:
+        pips = {kind: pool.submit(_install, getattr(artefacts, kind), tmps[kind])
+                for kind in KINDS}  # fmt: skip
+        return {kind: (tmps[kind], pip.result()) for kind, pip in pips.items()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_artefact_installs_into_a_clean_venv_and_serves(
+    installed: dict[str, tuple[Path, subprocess.CompletedProcess[str]]], kind: str
+) -> None:
+    tmp_path, pip = installed[kind]
+    venv = tmp_path / "venv"
     assert pip.returncode == 0, pip.stderr[-3000:]
 
     stepscope = venv / "bin" / "stepscope"

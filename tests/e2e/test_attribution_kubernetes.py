@@ -3,15 +3,20 @@ real pod-resources protocol, through to Prometheus."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.support import REPO, Exporter, parse_samples, start_exporter, wait_for
 from tests.support.kubelet import KubeletServer, container, pod, response
+
+if TYPE_CHECKING:
+    from tests.support.prometheus import Prometheus
 
 UNATTRIBUTED = {(None, None, None)}
 
@@ -124,24 +129,31 @@ def test_without_grpcio_a_configured_attribution_is_one_line_and_exit_2(
     assert "Traceback" not in str(failed.value)
 
 
-@pytest.mark.parametrize("attribution", [True, False], ids=["chart", "without-labeldrop"])
-def test_the_workloads_pod_labels_reach_prometheus_under_the_charts_scrape_config(
-    tmp_path: Path, kubelet: KubeletServer, attribution: bool
-) -> None:
-    """The Prometheus Operator gives every target of a ServiceMonitor the labels pod,
-    namespace and container of the scraped pod (the exporter's own). With honor_labels
-    false, as shipped, a GPU series' pod label of the workload then becomes exported_pod
-    and every "which pod is on this GPU" query finds nothing. The chart's scrape drops
-    those target labels; without that step the labels are renamed, as here."""
+OPERATOR_VARIANTS = {"chart": True, "without-labeldrop": False}  # podResources.enabled
+
+
+def _service_monitor_endpoint(attribution: bool) -> dict[str, Any]:
     from tests.support.chart import one, rendered_objects
-    from tests.support.prometheus import Prometheus
 
     objs = rendered_objects({"podResources": {"enabled": attribution}, "cluster": "c1"})
     (endpoint,) = one(objs, "ServiceMonitor")["spec"]["endpoints"]
-    assert endpoint["honorLabels"] is False
-    relabel = [_prometheus_relabeling(r) for r in endpoint["relabelings"]]
+    assert isinstance(endpoint, dict)
+    return endpoint
 
-    exp = serve(tmp_path, kubelet.socket)
+
+@contextlib.contextmanager
+def _operator_scraped(tmp: Path, attribution: bool) -> Iterator[tuple[Exporter, Prometheus]]:
+    """A node's exporter (its own fake kubelet, a pod holding GPU 0), scraped by a
+    Prometheus as the Operator scrapes the chart's ServiceMonitor rendered with
+    podResources.enabled = ``attribution``."""
+    from tests.support.kubelet import running_kubelet
+    from tests.support.prometheus import Prometheus
+
+    relabel = [_prometheus_relabeling(r)
+               for r in _service_monitor_endpoint(attribution)["relabelings"]]  # fmt: skip
+    kubelets = running_kubelet(tmp)
+    kubelet = next(kubelets)
+    exp = serve(tmp, kubelet.socket)
     prom = None
     try:
         gpu = uuids(exp)
@@ -151,30 +163,57 @@ def test_the_workloads_pod_labels_reach_prometheus_under_the_charts_scrape_confi
         # the target labels the Operator gives the target before the monitor's relabelings
         operator_target = {"namespace": "monitoring", "pod": "stepscope-x7k2p",
                            "container": "stepscope"}
-        prom = Prometheus(tmp_path, [exp.address], REPO / "deploy" / "prometheus" / "rules",
+        prom = Prometheus(tmp, [exp.address], REPO / "deploy" / "prometheus" / "rules",
                           static_configs=[{"targets": [exp.address], "labels": operator_target}],
                           relabel_configs=relabel)
-
-        def stored() -> list[dict[str, str]] | None:
-            assert prom is not None
-            result = prom.api("query", query="DCGM_FI_DEV_GPU_UTIL")["result"]
-            return [r["metric"] for r in result] if len(result) == 2 else None
-
-        series = {m["gpu"]: m for m in wait_for(stored, timeout=30, interval=0.5)}
-        if attribution:
-            assert {k: series["0"].get(k) for k in ("pod", "namespace", "container")} == {
-                "pod": "trainer-0", "namespace": "ml", "container": "pytorch"}
-            assert not any(k.startswith("exported_") for m in series.values() for k in m)
-            assert "pod" not in series["1"], "a GPU no pod holds carries no pod label"
-            assert series["0"]["cluster"] == "c1"
-        else:
-            # what an Operator-made target does to the workload's labels
-            assert series["0"]["exported_pod"] == "trainer-0"
-            assert series["0"]["pod"] == series["1"]["pod"] == "stepscope-x7k2p"
+        yield exp, prom
     finally:
         if prom is not None:
             prom.stop()
         assert exp.stop() == 0
+        next(kubelets, None)  # stops the kubelet
+
+
+@pytest.fixture(scope="module")
+def operator_scraped(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, tuple[Exporter, Prometheus]]]:
+    """Both variants, started together: each waits on its Prometheus' first scrapes
+    (~5 s), so the two waits overlap."""
+    with contextlib.ExitStack() as stack:
+        yield {name: stack.enter_context(
+                   _operator_scraped(tmp_path_factory.mktemp(f"k8s-{name}"), attribution))
+               for name, attribution in OPERATOR_VARIANTS.items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", list(OPERATOR_VARIANTS))
+def test_the_workloads_pod_labels_reach_prometheus_under_the_charts_scrape_config(
+    variant: str, operator_scraped: dict[str, tuple[Exporter, Prometheus]]
+) -> None:
+    """The Prometheus Operator gives every target of a ServiceMonitor the labels pod,
+    namespace and container of the scraped pod (the exporter's own). With honor_labels
+    false, as shipped, a GPU series' pod label of the workload then becomes exported_pod
+    and every "which pod is on this GPU" query finds nothing. The chart's scrape drops
+    those target labels; without that step the labels are renamed, as here."""
+    attribution = OPERATOR_VARIANTS[variant]
+    assert _service_monitor_endpoint(attribution)["honorLabels"] is False
+    _, prom = operator_scraped[variant]
+
+    def stored() -> list[dict[str, str]] | None:
+        result = prom.api("query", query="DCGM_FI_DEV_GPU_UTIL")["result"]
+        return [r["metric"] for r in result] if len(result) == 2 else None
+
+    series = {m["gpu"]: m for m in wait_for(stored, timeout=30, interval=0.5)}
+    if attribution:
+        assert {k: series["0"].get(k) for k in ("pod", "namespace", "container")} == {
+            "pod": "trainer-0", "namespace": "ml", "container": "pytorch"}
+        assert not any(k.startswith("exported_") for m in series.values() for k in m)
+        assert "pod" not in series["1"], "a GPU no pod holds carries no pod label"
+        assert series["0"]["cluster"] == "c1"
+    else:
+        # what an Operator-made target does to the workload's labels
+        assert series["0"]["exported_pod"] == "trainer-0"
+        assert series["0"]["pod"] == series["1"]["pod"] == "stepscope-x7k2p"
 
 
 def serve(tmp_path: Path, sock: Path, env: dict[str, str] | None = None) -> Exporter:

@@ -9,6 +9,12 @@ that wait minutes at a 15 s scrape fire within seconds here; expressions, window
 thresholds are the shipped ones. Within a deadline the straggler and thermal alerts fire for
 node-slow and for no other node, and every dashboard panel query, with its template
 variables substituted, returns at least one series.
+
+Both host-label sets (rules and dashboards generated from one source, the exporters
+serving that label) run this, each with its own four nodes and Prometheus, started
+together with the relabel checks' servers: the tests wait on Prometheus' clock (the
+thermal alert's 2-minute rate reaching 10% takes ~12 s of scrapes), not on the CPU, so
+the waits overlap. Wall time: about 30 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -81,12 +87,11 @@ def report_steps(nodes: list[tuple[str, str, list[str]]]) -> UdpSteps:
     return UdpSteps(0.25, datagrams)
 
 
-@pytest.fixture(params=list(SETS))
-def cluster(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[tuple[Prometheus, list[Exporter]]]:
-    host_label: str = request.param
-    scenario = tmp_path / "slow.yaml"
+@contextlib.contextmanager
+def slow_cluster(tmp: Path, host_label: str) -> Iterator[tuple[Prometheus, list[Exporter]]]:
+    """The four nodes serving ``host_label``, their ranks, and a Prometheus with that
+    label's rules."""
+    scenario = tmp / "slow.yaml"
     scenario.write_text(SLOW_SCENARIO)
     exporters: list[Exporter] = []
     prom: Prometheus | None = None
@@ -104,7 +109,7 @@ def cluster(
             uuids = [lbl["UUID"] for lbl, _ in sorted(up, key=lambda s: int(s[0]["gpu"]))]
             nodes.append((host, port, uuids))
         senders = report_steps(nodes)
-        prom = Prometheus(tmp_path, [e.address for e in exporters], SETS[host_label][0])
+        prom = Prometheus(tmp, [e.address for e in exporters], SETS[host_label][0])
         prom.host_label = host_label
         yield prom, exporters
     finally:
@@ -113,6 +118,53 @@ def cluster(
         if prom is not None:
             prom.stop()
         kill_all(exporters)
+
+
+@contextlib.contextmanager
+def relabelled(tmp: Path, served: str, stored: str) -> Iterator[Prometheus]:
+    """One node serving ``served``, scraped with the documented relabel rule to
+    ``stored`` by a Prometheus loading ``stored``'s rules."""
+    snippets = yaml.safe_load(
+        (REPO / "deploy" / "prometheus" / "host-label-migration.yml").read_text())
+    exp = start_exporter(["--simulate", "2", "--hostname", "node-m", "--host-label", served,
+                          "--ingest", f"udp://127.0.0.1:{free_port(socket.SOCK_DGRAM)}"])
+    prom = None
+    try:
+        prom = Prometheus(tmp, [exp.address], SETS[stored][0],
+                          metric_relabel_configs=snippets[f"to_{stored}"])
+        yield prom
+    finally:
+        if prom is not None:
+            prom.stop()
+        exp.stop()
+
+
+RELABELS = [("hostname", "Hostname"), ("Hostname", "hostname")]  # (served, stored)
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[Any, Any]]:
+    """Every server of the module, started together: each test waits on Prometheus'
+    clock (its first scrapes, rate windows, `for:`), not on the CPU, so the waits of the
+    two host-label sets and of the relabel checks run side by side instead of one after
+    another. Keys: a host label (its cluster), a (served, stored) pair (its Prometheus)."""
+    with contextlib.ExitStack() as stack:
+        out: dict[Any, Any] = {}
+        for label in SETS:
+            out[label] = stack.enter_context(
+                slow_cluster(tmp_path_factory.mktemp(f"cluster-{label}"), label))
+        for served, stored in RELABELS:
+            out[served, stored] = stack.enter_context(
+                relabelled(tmp_path_factory.mktemp(f"relabel-{stored}"), served, stored))
+        yield out
+
+
+@pytest.fixture(params=list(SETS))
+def cluster(
+    request: pytest.FixtureRequest, servers: dict[Any, Any]
+) -> tuple[Prometheus, list[Exporter]]:
+    cluster: tuple[Prometheus, list[Exporter]] = servers[request.param]
+    return cluster
 
 
 def alerts_by_name(prom: Prometheus) -> dict[str, list[dict[str, Any]]]:
@@ -171,33 +223,20 @@ def test_straggler_and_thermal_alerts_fire_for_the_slow_node_only_and_every_pane
     print(f"alerts fired after {fired_after:.1f} s; {len(queries)} panel queries checked")
 
 
-@pytest.mark.parametrize(("served", "stored"), [("hostname", "Hostname"),
-                                                ("Hostname", "hostname")])
+@pytest.mark.parametrize(("served", "stored"), RELABELS)
 def test_the_documented_relabel_rule_moves_between_host_labels_at_scrape_time(
-    served: str, stored: str, tmp_path: Path
+    served: str, stored: str, servers: dict[Any, Any]
 ) -> None:
     """An exporter serving one name is stored under the other: history and queries keep
     the name they had (deploy/prometheus/host-label-migration.yml, docs/metrics.md)."""
-    snippets = yaml.safe_load(
-        (REPO / "deploy" / "prometheus" / "host-label-migration.yml").read_text())
-    exp = start_exporter(["--simulate", "2", "--hostname", "node-m", "--host-label", served,
-                          "--ingest", f"udp://127.0.0.1:{free_port(socket.SOCK_DGRAM)}"])
-    prom = None
-    try:
-        rules = SETS[stored][0]
-        prom = Prometheus(tmp_path, [exp.address], rules,
-                          metric_relabel_configs=snippets[f"to_{stored}"])
-        result = wait_for(lambda: prom.api(  # type: ignore[union-attr]
-            "query", query=f'DCGM_FI_DEV_GPU_UTIL{{{stored}="node-m"}}')["result"] or None,
-            timeout=30, interval=0.5)
-        assert len(result) == 2
-        assert all(served not in r["metric"] for r in result)
-        # the rules of the stored name work on the relabelled series
-        recorded = wait_for(lambda: prom.api(  # type: ignore[union-attr]
-            "query", query=f"{stored}:stepscope_gpu_info:count")["result"] or None,
-            timeout=30, interval=0.5)
-        assert recorded[0]["metric"][stored] == "node-m" and recorded[0]["value"][1] == "2"
-    finally:
-        if prom is not None:
-            prom.stop()
-        exp.stop()
+    prom: Prometheus = servers[served, stored]
+    result = wait_for(lambda: prom.api(
+        "query", query=f'DCGM_FI_DEV_GPU_UTIL{{{stored}="node-m"}}')["result"] or None,
+        timeout=30, interval=0.5)
+    assert len(result) == 2
+    assert all(served not in r["metric"] for r in result)
+    # the rules of the stored name work on the relabelled series
+    recorded = wait_for(lambda: prom.api(
+        "query", query=f"{stored}:stepscope_gpu_info:count")["result"] or None,
+        timeout=30, interval=0.5)
+    assert recorded[0]["metric"][stored] == "node-m" and recorded[0]["value"][1] == "2"

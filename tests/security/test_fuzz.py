@@ -5,8 +5,11 @@ parser, and both exposition writers (label values a sender chose, any float).
 Each target runs for a bounded time (:data:`SECONDS`) from the seeds kept in
 ``tests/security/corpus/<target>/`` (what earlier runs found, regressions included; the
 web config target also starts from exporter-toolkit's test data). A target stops at the
-first exception or broken invariant; its input is written under the test's tmp dir and
+first exception or broken invariant; its input is written under the target's tmp dir and
 its base64 printed in the failure: add it to the corpus once fixed.
+
+The three targets run side by side (one libFuzzer process each, started together): each
+still fuzzes for :data:`SECONDS`, and the suite waits ~20 s for the three instead of ~60 s.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -21,28 +26,62 @@ import pytest
 from tests.support import REPO
 from tests.support.attacker import attacker_env
 
-SECONDS = 20  # per target: 60 s of the suite for the three (the issue asks 60 s in CI)
+SECONDS = 20  # per target, the three side by side: 60 s of fuzzing (the issue asks 60 s in CI)
 CORPUS = REPO / "tests" / "security" / "corpus"
 EXTRA_SEEDS = {"webconfig": [REPO / "tests" / "fixtures" / "exporter-toolkit"]}
+TARGETS = ["datagram", "webconfig", "exposition"]
+
+
+@dataclass
+class Run:
+    """One target's libFuzzer run: its exit status and stderr, and its tmp dir (crashes
+    are written there as ``crash-*``, new inputs under ``found/``)."""
+
+    returncode: int
+    stderr: str
+    tmp: Path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
+    """Every target, started together and run to its end."""
+    pytest.importorskip("atheris")
+    procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+    try:
+        for target in TARGETS:
+            tmp = tmp_path_factory.mktemp(f"fuzz-{target}")
+            found = tmp / "found"  # new inputs go here, never into the repository
+            found.mkdir()
+            seeds = [CORPUS / target, *EXTRA_SEEDS.get(target, [])]
+            with (tmp / "stderr").open("wb") as log:  # a file: no pipe to fill while waiting
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", f"tests.security.fuzz.{target}",
+                     f"-max_total_time={SECONDS}", "-timeout=10", "-rss_limit_mb=2048",
+                     "-print_final_stats=1", f"-artifact_prefix={tmp}/", str(found),
+                     *map(str, seeds)],
+                    stdout=subprocess.DEVNULL, stderr=log, env=attacker_env(),
+                )  # fmt: skip
+            procs[target] = (proc, tmp)
+        out = {}
+        for target, (proc, tmp) in procs.items():
+            proc.wait(timeout=SECONDS * 4 + 30)
+            stderr = (tmp / "stderr").read_text(errors="replace")
+            out[target] = Run(proc.returncode, stderr, tmp)
+        yield out
+    finally:
+        for proc, _ in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.mark.timeout(SECONDS * 4 + 60)
-@pytest.mark.parametrize("target", ["datagram", "webconfig", "exposition"])
-def test_the_fuzz_target_finds_nothing(target: str, tmp_path: Path) -> None:
-    pytest.importorskip("atheris")
-    found = tmp_path / "found"  # new inputs go here, never into the repository
-    found.mkdir()
-    seeds = [CORPUS / target, *EXTRA_SEEDS.get(target, [])]
-    done = subprocess.run(
-        [sys.executable, "-m", f"tests.security.fuzz.{target}", f"-max_total_time={SECONDS}",
-         "-timeout=10", "-rss_limit_mb=2048", "-print_final_stats=1",
-         f"-artifact_prefix={tmp_path}/", str(found), *map(str, seeds)],
-        capture_output=True, text=True, env=attacker_env(), timeout=SECONDS * 4 + 30,
-        check=False,
-    )  # fmt: skip
-    crashes = sorted(p.name for p in tmp_path.glob("crash-*"))
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_fuzz_target_finds_nothing(target: str, runs: dict[str, Run]) -> None:
+    done = runs[target]
+    crashes = sorted(p.name for p in done.tmp.glob("crash-*"))
     assert done.returncode == 0 and not crashes, done.stderr[-4000:]
     stats = done.stderr.splitlines()
-    runs = [line for line in stats if line.startswith("stat::number_of_executed_units")]
-    assert runs and int(runs[0].split(":")[-1]) > 1000, done.stderr[-2000:]
-    shutil.rmtree(found)
+    units = [line for line in stats if line.startswith("stat::number_of_executed_units")]
+    assert units and int(units[0].split(":")[-1]) > 1000, done.stderr[-2000:]
+    shutil.rmtree(done.tmp / "found")

@@ -220,8 +220,11 @@ def test_file_descriptors_a_sender_attaches_are_not_kept(
     data = json.dumps(step("fds", 0, 0, time.time(), None)).encode()
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sender, open(os.devnull) as f:
         fds = array.array("i", [f.fileno()] * 8)
-        for i in range(1, 51):  # one at a time: the queue may hold as few as 10
-            sender.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], 0, str(path))
+        # five at a time (the queue may hold as few as 10), each five read as one batch
+        for i in range(5, 51, 5):
+            for _ in range(5):
+                sender.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)], 0,
+                               str(path))  # fmt: skip
             r.pump_until(lambda v, n=i: v.accepted == n)
         assert open_devnulls() == before + 1  # f itself: the 400 passed copies are closed
 
