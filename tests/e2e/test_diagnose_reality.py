@@ -167,12 +167,14 @@ def test_a_loader_on_cpus_held_by_unrelated_processes_is_host_contended(
 ) -> None:
     """Issue 34: a loader-bound rank on a host that other processes keep busy read
     `input_cpu` ("the DataLoader workers have the CPUs pegged"): they did not, others did.
-    Two CPU-bound processes per CPU, none of them the rank's, beside a one-worker loader."""
+    Two CPU-bound processes per CPU, none of them the rank's, beside a one-worker loader.
+    Batches of 4: the one worker gets a fifth of a CPU or less, and 16-item batches took
+    2.2 s in CI (2 cores), too few steps for the 6 s window."""
     exp, sock = exporter
     burn = [sys.executable, "-c", "while True: pass"]
     noisy = [subprocess.Popen(burn, start_new_session=True) for _ in range(2 * CPUS)]
     procs = [_start(["loader", "--job", "noisy", "--aug", "heavy", "--workers", "1",
-                     "--seconds", "60"], sock)]  # fmt: skip
+                     "--batch", "4", "--seconds", "60"], sock)]  # fmt: skip
     try:
         scenario = f"heavy augmentation, 1 worker, {2 * CPUS} unrelated CPU-bound processes"
         v = settle(exp, "noisy", 0, "host_contended", procs, scenario)

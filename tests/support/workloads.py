@@ -40,6 +40,7 @@ def _args() -> argparse.Namespace:
     p.add_argument("--delay", type=float, default=0.0)
     p.add_argument("--big-grad", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--batch", type=int, default=16)
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--eval-batches", type=int, default=12)
     return p.parse_args()
@@ -117,14 +118,14 @@ def loader(a: argparse.Namespace) -> None:
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.utils.data.DataLoader(
-        Images(a.aug, a.store, a.store_mbps), batch_size=16, num_workers=a.workers,
+        Images(a.aug, a.store, a.store_mbps), batch_size=a.batch, num_workers=a.workers,
         worker_init_fn=_worker_init if a.workers else None,
         persistent_workers=a.workers > 0,
     )  # fmt: skip
     rep = StepReporter(a.job, precision="fp32", warmup_steps=2)
     end = time.monotonic() + a.seconds
     for x, y in rep.timed(data):
-        with rep.step(tokens=16):
+        with rep.step(tokens=a.batch):
             loss = torch.nn.functional.cross_entropy(model(x), y)
             opt.zero_grad()
             loss.backward()
