@@ -1,8 +1,15 @@
-"""The shipped Prometheus rules: valid, unit-tested alert by alert, and documented."""
+"""The shipped Prometheus rules: valid, unit-tested alert by alert, and documented.
+
+promtool's unit tests of both variants take ~20 s of CPU; their results do not depend on
+when they run, so in a run that holds the scale-out tier's wait they are queued on the
+background lane then (:func:`queue_early`, tests/support/background.py; this module then
+runs after that wait) and the tests read what each printed.
+"""
 
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -12,7 +19,8 @@ import yaml
 
 from generate import rules as hostname_rules
 from stepscope.diagnose.faults import CRITICAL_XIDS
-from tests.support import REPO, promtool
+from tests.support import REPO, background, promtool
+from tests.support.background import Lane
 
 RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
 TESTS_DIR = REPO / "deploy" / "prometheus" / "rules-tests"
@@ -62,24 +70,48 @@ UNIT_TEST_FILES = {TESTS_DIR: "*_test.yml", HOSTNAME_TESTS: "*.yml"}
 Run = tuple[str, int, str]  # file name, exit status, output
 
 
+def unit_test_files() -> list[tuple[Path, str]]:
+    """(folder, file name) of every unit test file of both variants."""
+    return [(folder, path.name) for folder, pattern in UNIT_TEST_FILES.items()
+            for path in sorted(folder.glob(pattern))]  # fmt: skip
+
+
+def _lane_name(folder: Path, name: str) -> str:
+    return f"promtool test rules {folder.name}/{name}"
+
+
+def queue_early(lane: Lane) -> None:
+    """Queue every unit test file's promtool run on the background lane (none where
+    promtool is missing: the tests then skip or fail as they do)."""
+    tool = shutil.which("promtool")
+    if tool is not None:
+        for folder, name in unit_test_files():
+            lane.add(_lane_name(folder, name), [tool, "test", "rules", name], folder)
+
+
 @pytest.fixture(scope="module")
 def unit_test_runs() -> dict[Path, list[Run]]:
     """`promtool test rules` of every unit test file of both variants, one process a
-    file, all started at once: the longest file's time (stepscope-alerts_test.yml, ~8 s),
-    not the sum of both folders run file after file (~21 s on 2 cores). Folder -> runs,
-    in file order."""
+    file: read from the background lane where it ran them, else all started at once here
+    (the longest file's time, stepscope-alerts_test.yml ~8 s, not the sum of both folders
+    run file after file, ~21 s on 2 cores). Folder -> runs, in file order."""
+    done = {key: background.result(_lane_name(*key)) for key in unit_test_files()}
     tool = promtool()
     procs: dict[tuple[Path, str], subprocess.Popen[str]] = {}
     try:
-        for folder, pattern in UNIT_TEST_FILES.items():
-            for path in sorted(folder.glob(pattern)):
-                procs[folder, path.name] = subprocess.Popen(
-                    [tool, "test", "rules", path.name], cwd=folder, text=True,
+        for (folder, name), ran in done.items():
+            if ran is None:
+                procs[folder, name] = subprocess.Popen(
+                    [tool, "test", "rules", name], cwd=folder, text=True,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
         runs: dict[Path, list[Run]] = {folder: [] for folder in UNIT_TEST_FILES}
-        for (folder, name), proc in procs.items():
-            output, _ = proc.communicate(timeout=300)
-            runs[folder].append((name, proc.returncode, output))
+        for (folder, name), ran in done.items():
+            if ran is None:
+                proc = procs[folder, name]
+                output, _ = proc.communicate(timeout=300)
+                runs[folder].append((name, proc.returncode, output))
+            else:
+                runs[folder].append((name, ran.returncode, ran.output))
         return runs
     finally:
         for proc in procs.values():

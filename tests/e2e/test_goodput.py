@@ -168,13 +168,13 @@ def test_a_restart_that_resumes_from_an_earlier_step_books_the_redone_steps(
     exporter: tuple[Exporter, str],
 ) -> None:
     exp, sock = exporter
-    first = _run(sock, "goodput-restart", steps=80)  # steps 0..80, then it "crashes"
+    first = _run(sock, "goodput-restart", steps=40)  # steps 0..40, then it "crashes"
     _settled(exp, "goodput-restart")
-    # resumed from the checkpoint of step 59: steps 60..80 are done again
-    second = _run(sock, "goodput-restart", steps=40, start=60)
+    # resumed from the checkpoint of step 19: steps 20..40 are done again
+    second = _run(sock, "goodput-restart", steps=40, start=20)
     books = _settled(exp, "goodput-restart")
-    # the new process's steps 62..80 (its two warm-up steps are startup): 19 steps of
-    # ~0.075 s, with the checkpoints after steps 69 and 79 and the evaluation after 79
+    # the new process's steps 22..40 (its two warm-up steps are startup): 19 steps of
+    # ~0.075 s, with the checkpoints after steps 29 and 39 and the evaluation after 39
     wasted = books["wasted_progress_from_disruption"]
     assert 19 * 0.07 + 0.8 <= wasted <= 19 * 0.08 + 0.8 + 0.1, books
     total = sum(books.values())
