@@ -144,9 +144,9 @@ def test_a_peer_on_this_host_is_the_uid_that_owns_its_socket() -> None:
     never share the scraper's budget."""
     needs_setpriv()
     code = (
-        "import socket, sys; host, port = sys.argv[1].rsplit(':', 1); "
+        "import socket, sys, time; host, port = sys.argv[1].rsplit(':', 1); "
         "s = socket.create_connection((host, int(port)), source_address=('127.0.0.7', 0)); "
-        "sys.stdin.read()"
+        "time.sleep(120)"  # holds its end open until killed (stdin may be /dev/null)
     )
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(30)
@@ -162,6 +162,26 @@ def test_a_peer_on_this_host_is_the_uid_that_owns_its_socket() -> None:
         finally:
             theirs.kill()
             theirs.wait()
+
+
+def test_a_local_client_that_already_closed_its_end_is_not_counted_as_root() -> None:
+    """A client's process that connects and exits before its connection is looked at
+    leaves an orphaned socket, which the kernel reports as uid 0 (no inode): nobody's
+    connections must not land in root's budget that way, so such a peer is ``local``."""
+    needs_setpriv()
+    code = (
+        "import socket, sys; host, port = sys.argv[1].rsplit(':', 1); "
+        "s = socket.create_connection((host, int(port)), source_address=('127.0.0.7', 0)); "
+        "s.close()"
+    )
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(30)
+        theirs = spawn_as(NOBODY, code, f"127.0.0.1:{server.getsockname()[1]}", cwd="/")
+        _, err = theirs.communicate(timeout=60)
+        assert theirs.returncode == 0, err
+        conn, _ = server.accept()
+        with conn:
+            assert peer_key(_Transport(conn)) == "local"
 
 
 class _Transport:

@@ -6,7 +6,10 @@ it); an IPv6 client is counted by its /64, which one host usually holds whole. A
 on this host can bind any of 127.0.0.0/8 (and any of the host's addresses), so for it the
 peer is the uid that owns the connecting socket, asked of the kernel by the connection's
 four addresses (``NETLINK_SOCK_DIAG``, as ``ss -e`` does: ~8 µs), never read from a
-request. Where the kernel cannot say (no ``inet_diag``), every local client is one peer.
+request. Where the kernel cannot say (no ``inet_diag``), every local client is one peer;
+so is a client whose process has closed its end already: an orphaned socket (FIN-WAIT-2,
+TIME-WAIT) has no inode and reads as uid 0, which would otherwise put such a client in
+root's budget.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ _NLM_F_REQUEST = 1
 _INET_DIAG_NOCOOKIE = 0xFFFFFFFF
 _ALL_STATES = 0xFFFFFFFF
 # struct inet_diag_msg: 4 bytes, inet_diag_sockid (48), expires, rqueue, wqueue, then uid
+# and inode
 _UID_OFFSET = 16 + 4 + 48 + 12
+_INODE_OFFSET = _UID_OFFSET + 4
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -37,7 +42,8 @@ def _ip(host: str) -> Address:
 def socket_owner_uid(src: Address, sport: int, dst: Address, dport: int) -> int | None:
     """The uid owning the TCP socket bound to ``src:sport`` and connected to
     ``dst:dport`` in this network namespace; None where the kernel has no such socket
-    (a remote peer) or cannot be asked."""
+    (a remote peer), no process holds it any more (no inode: its owner closed it) or the
+    kernel cannot be asked."""
     family = socket.AF_INET if src.version == 4 else socket.AF_INET6
     sockid = (
         struct.pack("!HH", sport, dport)
@@ -54,10 +60,12 @@ def socket_owner_uid(src: Address, sport: int, dst: Address, dport: int) -> int 
             reply = nl.recv(1024)
     except OSError:
         return None
-    if len(reply) < _UID_OFFSET + 4:
+    if len(reply) < _INODE_OFFSET + 4:
         return None
     if struct.unpack_from("=H", reply, 4)[0] != _SOCK_DIAG_BY_FAMILY:
         return None  # NLMSG_ERROR: no such socket here
+    if struct.unpack_from("=I", reply, _INODE_OFFSET)[0] == 0:
+        return None  # orphaned: its uid reads 0 whoever opened it
     return int(struct.unpack_from("=I", reply, _UID_OFFSET)[0])
 
 
