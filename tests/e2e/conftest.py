@@ -12,12 +12,11 @@ shares or wall-clock windows of its own processes. Every other test runs with no
 beside it, as before: the tier is stopped when its module ends, before the next module
 starts.
 
-The same window runs the :data:`BACKGROUND` modules' deterministic work on the background
-lane (tests/support/background.py): checks (mypy, promtool's unit tests: a command's exit
-status and output, whatever the timing) and fixtures' preparations (the image build, the
-release's artefacts and installs: what they make does not depend on when). One at a
-time, at most one core, the window's servers needing less than the other. The window
-does not end before the lane has; those modules run after it and read the results.
+The same window runs the :data:`BACKGROUND` modules' deterministic checks (mypy,
+promtool's unit tests: a command's exit status and output, whatever the timing) on the
+background lane (tests/support/background.py): one command at a time, at most one core,
+the window's servers needing less than the other. The window does not end before the
+lane has; those modules run after it and read the results.
 """
 
 from __future__ import annotations
