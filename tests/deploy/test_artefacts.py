@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from stepscope import __version__
-from tests.support import REPO, background, parse_samples, wait_for
+from tests.support import REPO, parse_samples, wait_for
 from tests.support.exporter import start_exporter
 from tests.support.paths import source_tree
 
@@ -35,7 +35,8 @@ class Artefacts:
     wheel: Path
 
 
-def _build(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
+@pytest.fixture(scope="module")
+def artefacts(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
     """``python -m build`` as a release runs it: the sdist, then the wheel built from the
     unpacked sdist (so a file the sdist forgets is missing from the wheel too)."""
     root = tmp_path_factory.mktemp("release")
@@ -48,42 +49,6 @@ def _build(tmp_path_factory: pytest.TempPathFactory) -> Artefacts:
     (sdist,) = dist.glob("*.tar.gz")
     (wheel,) = dist.glob("*.whl")
     return Artefacts(sdist, wheel)
-
-
-Installed = dict[str, tuple[Path, subprocess.CompletedProcess[str]]]
-
-
-def _install_both(artefacts: Artefacts, tmp_path_factory: pytest.TempPathFactory,
-                  at_once: bool = True) -> Installed:  # fmt: skip
-    """Each artefact installed into its own clean venv (``at_once``: both at once, two
-    pip processes, each mostly one core's work). Kind -> (its directory, pip's result)."""
-    tmps = {kind: tmp_path_factory.mktemp(kind) for kind in KINDS}
-    with ThreadPoolExecutor(len(KINDS) if at_once else 1) as pool:
-        pips = {kind: pool.submit(_install, getattr(artefacts, kind), tmps[kind])
-                for kind in KINDS}  # fmt: skip
-        return {kind: (tmps[kind], pip.result()) for kind, pip in pips.items()}
-
-
-def _release(tmp_path_factory: pytest.TempPathFactory,
-             at_once: bool = True) -> tuple[Artefacts, Installed]:  # fmt: skip
-    built = _build(tmp_path_factory)
-    return built, _install_both(built, tmp_path_factory, at_once)
-
-
-def queue_early(lane: background.Lane, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The build and both installs (~25 s of one core, one after another) on the
-    background lane, in a run that has one (tests/e2e/conftest.py)."""
-    lane.call("release", lambda: _release(tmp_path_factory, at_once=False))
-
-
-@pytest.fixture(scope="module")
-def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Artefacts, Installed]:
-    return background.prepared("release", lambda: _release(tmp_path_factory))
-
-
-@pytest.fixture(scope="module")
-def artefacts(release: tuple[Artefacts, Installed]) -> Artefacts:
-    return release[0]
 
 
 def _wheel_metadata(wheel: Path) -> dict[str, str]:
@@ -134,8 +99,16 @@ def _install(artefact: Path, tmp: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def installed(release: tuple[Artefacts, Installed]) -> Installed:
-    return release[1]
+def installed(
+    artefacts: Artefacts, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+    """Each artefact installed into its own clean venv, both at once (two pip processes:
+    each is mostly one core's work). Kind -> (its directory, pip's result)."""
+    tmps = {kind: tmp_path_factory.mktemp(kind) for kind in KINDS}
+    with ThreadPoolExecutor(len(KINDS)) as pool:
+        pips = {kind: pool.submit(_install, getattr(artefacts, kind), tmps[kind])
+                for kind in KINDS}  # fmt: skip
+        return {kind: (tmps[kind], pip.result()) for kind, pip in pips.items()}
 
 
 @pytest.mark.parametrize("kind", KINDS)

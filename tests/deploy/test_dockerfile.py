@@ -11,13 +11,14 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import dockerfile
 import pytest
 
 from stepscope import __version__
-from tests.support import REPO, background, parse_samples
+from tests.support import REPO, parse_samples
 from tests.support.exporter import served_address
 from tests.support.image import build_context, dockerignore, excluded
 
@@ -183,7 +184,8 @@ def _extras() -> str:
     return arg.partition("=")[2].strip('"')
 
 
-def _image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module")
+def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The build stage's steps (venv, pip install of the context with the image's
     extras) run here."""
     root = tmp_path_factory.mktemp("image")
@@ -203,18 +205,7 @@ def _image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run(
         [str(venv / "bin" / "python"), *uninstall.split()[1:]], check=True, capture_output=True
     )
-    return venv
-
-
-def queue_early(lane: background.Lane, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The build stage's steps (~19 s of one core's pip) on the background lane, in a run
-    that has one (tests/e2e/conftest.py)."""
-    lane.call("image venv", lambda: _image_venv(tmp_path_factory))
-
-
-@pytest.fixture(scope="module")
-def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return background.prepared("image venv", lambda: _image_venv(tmp_path_factory))
+    yield venv
 
 
 def test_image_install_has_its_extras_and_serves_simulated_gpus(image_venv: Path) -> None:

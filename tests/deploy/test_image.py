@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from stepscope import __version__
-from tests.support import background, parse_samples, wait_for
 from tests.support import image as images
+from tests.support import parse_samples, wait_for
 from tests.support.exporter import Exporter, start_exporter
 from tests.support.ports import free_port
 from tests.support.tools import image_tools
@@ -29,27 +29,13 @@ USER = "10001:10001"
 pytestmark = pytest.mark.timeout(900)
 
 
-NAME = f"localhost/stepscope-test:{os.getpid()}"
-
-
-def _build(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str] | None = None
-           ) -> images.Image:  # fmt: skip
-    image_tools()
-    return images.build(NAME, tmp_path_factory.mktemp("image"), env)
-
-
-def queue_early(lane: background.Lane, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The image build (~30 s, mostly one core's pip and buildah work) on the background
-    lane, in a run that has one (tests/e2e/conftest.py)."""
-    lane.call("image build", lambda: _build(tmp_path_factory, background.LANE_ENV))
-
-
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[images.Image]:
-    try:
-        yield background.prepared("image build", lambda: _build(tmp_path_factory))
-    finally:
-        images.remove_image(NAME)
+    image_tools()
+    name = f"localhost/stepscope-test:{os.getpid()}"
+    built = images.build(name, tmp_path_factory.mktemp("image"))
+    yield built
+    images.remove_image(name)
 
 
 @pytest.fixture(scope="module")

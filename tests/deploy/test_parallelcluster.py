@@ -25,7 +25,7 @@ import yaml
 
 from stepscope import __version__
 from stepscope.app.config import load
-from tests.support import REPO, background, start_exporter
+from tests.support import REPO, start_exporter
 
 PCLUSTER = REPO / "deploy" / "parallelcluster"
 SCRIPT = PCLUSTER / "install-stepscope.sh"
@@ -225,36 +225,8 @@ def _unit_header_route() -> list[list[str]]:
     return commands
 
 
-def _header_wheelhouse(tmp_path_factory: pytest.TempPathFactory
-                       ) -> tuple[Path, subprocess.CompletedProcess[str]]:  # fmt: skip
-    """The unit header's first command, build-wheelhouse.sh, run as written in a fresh
-    directory, for this machine's Python only. (The directory, its result.)"""
-    build, _ = _unit_header_route()
-    version = ".".join(platform.python_version_tuple()[:2])
-    work = tmp_path_factory.mktemp("checkout")
-    made = subprocess.run(
-        ["bash", str(REPO / build[0]), *build[1:], version], cwd=work,
-        env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
-        timeout=600,
-    )
-    return work, made
-
-
-def queue_early(lane: background.Lane, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """The header's wheelhouse (~15 s of one core's pip) on the background lane, in a run
-    that has one (tests/e2e/conftest.py)."""
-    lane.call("header wheelhouse", lambda: _header_wheelhouse(tmp_path_factory))
-
-
-@pytest.fixture(scope="module")
-def header_wheelhouse(tmp_path_factory: pytest.TempPathFactory
-                      ) -> tuple[Path, subprocess.CompletedProcess[str]]:  # fmt: skip
-    return background.prepared("header wheelhouse",
-                               lambda: _header_wheelhouse(tmp_path_factory))
-
-
 def test_the_units_header_route_installs_the_real_exporter_without_network(
-    node: Node, header_wheelhouse: tuple[Path, subprocess.CompletedProcess[str]]
+    node: Node, tmp_path: Path
 ) -> None:
     """Issue 36: the header said `/opt/stepscope/bin/pip install stepscope`, which fails (no
     such distribution on PyPI). Its commands now, run as written from a checkout: the
@@ -264,7 +236,14 @@ def test_the_units_header_route_installs_the_real_exporter_without_network(
     installed exporter serves."""
     build, install = _unit_header_route()
     assert build[0] == "deploy/parallelcluster/build-wheelhouse.sh", build
-    work, made = header_wheelhouse
+    version = ".".join(platform.python_version_tuple()[:2])
+    work = tmp_path / "checkout"
+    work.mkdir()
+    made = subprocess.run(
+        ["bash", str(REPO / build[0]), *build[1:], version], cwd=work,
+        env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
+        timeout=600,
+    )
     assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
     node.python("python3", sys.version_info[:2])
     script = work / install[0]

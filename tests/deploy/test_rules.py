@@ -80,7 +80,7 @@ def _lane_name(folder: Path, name: str) -> str:
     return f"promtool test rules {folder.name}/{name}"
 
 
-def queue_early(lane: Lane, _: pytest.TempPathFactory) -> None:
+def queue_early(lane: Lane) -> None:
     """Queue every unit test file's promtool run on the background lane (none where
     promtool is missing: the tests then skip or fail as they do)."""
     tool = shutil.which("promtool")

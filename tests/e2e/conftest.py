@@ -42,13 +42,9 @@ BESIDE_SCALE_OUT = (
     "test_prometheus.py",
     "test_diagnose_fleet.py",
 )
-# modules with a queue_early(lane, tmp_path_factory): checks and fixtures' preparations
-# queued on the background lane in the window, in this order, one after another (mypy
-# ~35 s, promtool's unit test files ~25 s, the image build ~30 s, the release's sdist and
-# wheel and their clean-venv installs ~25 s, the image's install steps in a venv ~19 s,
-# the unit header's wheelhouse ~15 s: about the window's length, on its idle core)
-BACKGROUND = ("test_lint.py", "test_rules.py", "test_image.py", "test_artefacts.py",
-              "test_dockerfile.py", "test_parallelcluster.py")
+# modules with a queue_early(lane): checks queued on the background lane in the window,
+# in this order (mypy ~35 s, then promtool's unit test files ~25 s, one after another)
+BACKGROUND = ("test_lint.py", "test_rules.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -91,7 +87,7 @@ def _scale_out_started_early(
     tier[0].start_early(tmp_path_factory)
     lane = background.Lane(tmp_path_factory.mktemp("background"))
     for module in _modules(request.session, BACKGROUND):
-        module.queue_early(lane, tmp_path_factory)
+        module.queue_early(lane)
     background.LANE = lane
     lane.start()
     yield

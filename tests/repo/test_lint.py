@@ -33,7 +33,7 @@ def command(cmd: list[str]) -> list[str]:
     return [sys.executable, "-m", *cmd] if exe is None else [exe, *cmd[1:]]
 
 
-def queue_early(lane: Lane, _: pytest.TempPathFactory) -> None:
+def queue_early(lane: Lane) -> None:
     """Queue :data:`EARLY` on the background lane, for its test to read."""
     lane.add(f"lint {EARLY}", command(LINTS[EARLY]), REPO)
 

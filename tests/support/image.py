@@ -211,20 +211,20 @@ def inspect(name: str, base: str) -> Image:
                  layers=len(data["OCIv1"]["rootfs"]["diff_ids"]))
 
 
-def build(name: str, workdir: Path, env: dict[str, str] | None = None) -> Image:
+def build(name: str, workdir: Path) -> Image:
     """The Dockerfile header's offline route, run as written in a copy of the build
     context: the release's wheelhouse by build-wheelhouse.sh, then ``buildah bud`` with
-    the test base as ``BASE`` and ``name`` as the tag (``env``: added to their
-    environment). Docker format: an OCI image config has no HEALTHCHECK."""
+    the test base as ``BASE`` and ``name`` as the tag. Docker format: an OCI image config
+    has no HEALTHCHECK."""
     base = base_image()
     context = build_context(workdir / "context")
     wheels, bud = documented_commands()
     # the script from this checkout; its output path as written, relative to the context
     _run(["bash", str(REPO / wheels[0]), *wheels[1:]], timeout=600, cwd=context,
-         env={**ENV, **(env or {}), "PYTHON": sys.executable})
+         env={**ENV, "PYTHON": sys.executable})
     bud = [f"PYTHON_IMAGE={base}" if arg == "PYTHON_IMAGE=BASE" else arg for arg in bud]
     bud[bud.index("-t") + 1] = name
-    _run(bud, timeout=900, cwd=context, env={**ENV, **(env or {})})
+    _run(bud, timeout=900, cwd=context)
     return inspect(name, base)
 
 
