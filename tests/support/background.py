@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ class Lane:
         self.tmp = tmp
         self._queue: list[tuple[str, list[str], Path]] = []
         self._done: dict[str, Done] = {}
+        self.took: dict[str, float] = {}  # name -> seconds it ran, for the run's summary
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopped = False
         self._lock = threading.Lock()
@@ -53,6 +55,7 @@ class Lane:
     def _run(self) -> None:
         env = {**os.environ, "GOMAXPROCS": "1"}
         for i, (name, argv, cwd) in enumerate(self._queue):
+            started = time.monotonic()
             path = self.tmp / f"{i}.out"
             with path.open("wb") as out:
                 with self._lock:
@@ -66,6 +69,7 @@ class Lane:
                         continue
                 returncode = self._proc.wait()
             self._done[name] = Done(returncode, path.read_text(errors="replace"))
+            self.took[name] = time.monotonic() - started
 
     def wait(self, timeout: float = 600) -> None:
         """Until every command has run (or the lane was stopped)."""
