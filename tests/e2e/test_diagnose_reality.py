@@ -169,13 +169,20 @@ def test_a_loader_on_cpus_held_by_unrelated_processes_is_host_contended(
     `input_cpu` ("the DataLoader workers have the CPUs pegged"): they did not, others did.
     Two CPU-bound processes per CPU, none of them the rank's, beside a one-worker loader.
     Batches of 4: the one worker gets a fifth of a CPU or less, and 16-item batches took
-    2.2 s in CI (2 cores), too few steps for the 6 s window."""
+    2.2 s in CI (2 cores), too few steps for the 6 s window. The noisy processes arrive
+    once the rank steps (a neighbour that starts later): started first, they slowed the
+    rank's own start (torch's import, its worker) to ~35 s of the 60 s allowed."""
     exp, sock = exporter
-    burn = [sys.executable, "-c", "while True: pass"]
-    noisy = [subprocess.Popen(burn, start_new_session=True) for _ in range(2 * CPUS)]
     procs = [_start(["loader", "--job", "noisy", "--aug", "heavy", "--workers", "1",
-                     "--batch", "4", "--seconds", "60"], sock)]  # fmt: skip
+                     "--batch", "4", "--seconds", "90"], sock)]  # fmt: skip
+    noisy: list[subprocess.Popen[bytes]] = []
     try:
+        deadline = time.monotonic() + 60
+        while _verdict(exp, "noisy", 0) is None:
+            assert procs[0].poll() is None and time.monotonic() < deadline, "no step reported"
+            time.sleep(0.25)
+        burn = [sys.executable, "-c", "while True: pass"]
+        noisy = [subprocess.Popen(burn, start_new_session=True) for _ in range(2 * CPUS)]
         scenario = f"heavy augmentation, 1 worker, {2 * CPUS} unrelated CPU-bound processes"
         v = settle(exp, "noisy", 0, "host_contended", procs, scenario)
         s = v["signals"]
