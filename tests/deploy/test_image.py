@@ -9,6 +9,7 @@ the cached one."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ import psutil
 import pytest
 
 from stepscope import __version__
+from tests.deploy.test_dockerfile import image_extras
 from tests.support import image as images
 from tests.support import parse_samples, wait_for
 from tests.support.exporter import Exporter, start_exporter
@@ -126,6 +128,34 @@ def test_the_image_has_the_package_version_and_nothing_to_install_packages_with(
     for module in ("pip", "setuptools"):
         found = images.run_in(ctr, ["python", "-c", f"import {module}"])
         assert found.returncode != 0 and "No module named" in found.stderr, module
+
+
+IMPORTS = """
+import importlib, json, sys
+found = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+        found[name] = True
+    except ImportError:
+        found[name] = False
+print(json.dumps(found))
+"""
+
+
+def test_the_image_has_its_extras_and_nothing_of_the_tests(ctr: str) -> None:
+    """The build stage installs the Dockerfile's EXTRAS (bcrypt for basic auth, grpc and
+    the pod-resources stubs for Kubernetes attribution), no AWS SDK and nothing the tests
+    use."""
+    extras = image_extras()
+    stubs = "stepscope.attribution.podresources.api_pb2_grpc"
+    wanted = {"bcrypt": "auth" in extras, "boto3": "aws" in extras,
+              "botocore.utils": "aws" in extras, "grpc": "kubernetes" in extras,
+              stubs: "kubernetes" in extras, "pytest": False, "hypothesis": False,
+              "torch": False}  # fmt: skip
+    got = images.run_in(ctr, ["python", "-c", IMPORTS, *wanted])
+    assert got.returncode == 0, got.stderr
+    assert json.loads(got.stdout) == wanted
 
 
 def test_the_build_left_no_trace_of_its_wheelhouse(image: images.Image, ctr: str) -> None:
