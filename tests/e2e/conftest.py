@@ -111,8 +111,8 @@ def _beside_the_scale_out_tier(request: pytest.FixtureRequest) -> Iterator[None]
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """What the background lane ran and how long each took (it shares the window's cores:
     a lane longer than the window makes the scale-out module's teardown wait)."""
-    lane = background.LANE
-    if lane is not None and lane.took:
-        took = ", ".join(f"{name} {secs:.1f} s" for name, secs in lane.took.items())
-        terminalreporter.write_line(f"background lane: {took} "
-                                    f"(total {sum(lane.took.values()):.1f} s)")
+    ran = background.LANE.ran if background.LANE is not None else {}
+    if ran:
+        took = ", ".join(f"{name} {done.seconds:.1f} s" for name, done in ran.items())
+        total = sum(done.seconds for done in ran.values())
+        terminalreporter.write_line(f"background lane: {took} (total {total:.1f} s)")

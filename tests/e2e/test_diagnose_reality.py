@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import REPO, Exporter, start_exporter
+from tests.support import REPO, Exporter, start_exporter, wait_for
 from tests.support.ports import free_port
 
 pytest.importorskip("torch")
@@ -177,10 +177,11 @@ def test_a_loader_on_cpus_held_by_unrelated_processes_is_host_contended(
                      "--batch", "4", "--seconds", "90"], sock)]  # fmt: skip
     noisy: list[subprocess.Popen[bytes]] = []
     try:
-        deadline = time.monotonic() + 60
-        while _verdict(exp, "noisy", 0) is None:
-            assert procs[0].poll() is None and time.monotonic() < deadline, "no step reported"
-            time.sleep(0.25)
+        def reported() -> bool:
+            assert procs[0].poll() is None, "the loader exited before its first step"
+            return _verdict(exp, "noisy", 0) is not None
+
+        wait_for(reported, timeout=60, interval=0.25)
         burn = [sys.executable, "-c", "while True: pass"]
         noisy = [subprocess.Popen(burn, start_new_session=True) for _ in range(2 * CPUS)]
         scenario = f"heavy augmentation, 1 worker, {2 * CPUS} unrelated CPU-bound processes"

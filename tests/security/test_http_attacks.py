@@ -138,16 +138,21 @@ def test_a_peer_holding_ten_times_max_connections_idle_never_blocks_a_scrape(
     assert report["opened"] >= 320 and report["closed_by_server"] >= 1
 
 
+def _connect_from_127_0_0_7(then: str) -> str:
+    """Code for an attacker that connects to argv[1] from 127.0.0.7, then runs ``then``."""
+    return (
+        "import socket, sys, time; host, port = sys.argv[1].rsplit(':', 1); "
+        "s = socket.create_connection((host, int(port)), source_address=('127.0.0.7', 0)); "
+        + then
+    )
+
+
 def test_a_peer_on_this_host_is_the_uid_that_owns_its_socket() -> None:
     """Budgets are per peer; on this host a peer is the uid the kernel names for the
     connecting socket (whatever loopback address it binds), so nobody's connections
     never share the scraper's budget."""
     needs_setpriv()
-    code = (
-        "import socket, sys, time; host, port = sys.argv[1].rsplit(':', 1); "
-        "s = socket.create_connection((host, int(port)), source_address=('127.0.0.7', 0)); "
-        "time.sleep(120)"  # holds its end open until killed (stdin may be /dev/null)
-    )
+    code = _connect_from_127_0_0_7("time.sleep(120)")  # held open until killed
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(30)
         theirs = spawn_as(NOBODY, code, f"127.0.0.1:{server.getsockname()[1]}", cwd="/")
@@ -169,11 +174,7 @@ def test_a_local_client_that_already_closed_its_end_is_not_counted_as_root() -> 
     leaves an orphaned socket, which the kernel reports as uid 0 (no inode): nobody's
     connections must not land in root's budget that way, so such a peer is ``local``."""
     needs_setpriv()
-    code = (
-        "import socket, sys; host, port = sys.argv[1].rsplit(':', 1); "
-        "s = socket.create_connection((host, int(port)), source_address=('127.0.0.7', 0)); "
-        "s.close()"
-    )
+    code = _connect_from_127_0_0_7("s.close()")
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(30)
         theirs = spawn_as(NOBODY, code, f"127.0.0.1:{server.getsockname()[1]}", cwd="/")

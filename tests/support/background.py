@@ -22,10 +22,12 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class Done:
-    """A command the lane ran: its exit status and its output (stdout and stderr)."""
+    """A command the lane ran: its exit status, its output (stdout and stderr) and how
+    long it ran (for the run's summary)."""
 
     returncode: int
     output: str
+    seconds: float = 0.0
 
 
 class Lane:
@@ -36,7 +38,6 @@ class Lane:
         self.tmp = tmp
         self._queue: list[tuple[str, list[str], Path]] = []
         self._done: dict[str, Done] = {}
-        self.took: dict[str, float] = {}  # name -> seconds it ran, for the run's summary
         self._proc: subprocess.Popen[bytes] | None = None
         self._stopped = False
         self._lock = threading.Lock()
@@ -68,8 +69,8 @@ class Lane:
                         self._done[name] = Done(127, f"{argv[0]}: {err}")
                         continue
                 returncode = self._proc.wait()
-            self._done[name] = Done(returncode, path.read_text(errors="replace"))
-            self.took[name] = time.monotonic() - started
+            self._done[name] = Done(returncode, path.read_text(errors="replace"),
+                                    time.monotonic() - started)
 
     def wait(self, timeout: float = 600) -> None:
         """Until every command has run (or the lane was stopped)."""
@@ -88,6 +89,11 @@ class Lane:
 
     def done(self, name: str) -> Done | None:
         return self._done.get(name)
+
+    @property
+    def ran(self) -> dict[str, Done]:
+        """Every command run so far, in the order run."""
+        return dict(self._done)
 
 
 LANE: Lane | None = None  # the run's lane, once tests/e2e/conftest.py started one
